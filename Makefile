@@ -1,0 +1,53 @@
+# Quick start: `make run` (chat app on http://localhost:8501) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CORE := $(VENV)/.core-installed
+DEV := $(VENV)/.dev-installed
+LLM := $(VENV)/.llm-installed
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF
+PORT ?= 8501
+
+.PHONY: run test test-fast setup setup-llm build chromium bench clean
+
+$(CORE): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+$(DEV): $(CORE) requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	touch $@
+
+$(LLM): $(CORE) requirements-llm.txt
+	@echo "building llama-cpp-python from source (several minutes on a small machine) ..."
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -r requirements-llm.txt
+	touch $@
+
+setup: $(CORE)
+
+setup-llm: $(LLM)
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
+
+build: $(CORE)
+	$(BIN)/pmkb build
+
+run: build
+	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true \
+		--browser.gatherUsageStats false
+
+test: $(DEV) $(LLM) chromium
+	$(BIN)/python -m pytest -q
+
+test-fast: $(DEV)
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not llm"
+
+bench: $(CORE)
+	$(BIN)/python bench/ingest_search.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

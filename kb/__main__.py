@@ -1,0 +1,5 @@
+"""``python -m kb``: the same command line as ``pmkb``."""
+
+from pmkb.cli import main
+
+main()

@@ -1,0 +1,168 @@
+"""Hybrid retrieval: BM25 over incident text fused with dense similarity from the store."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from kb.incidents import Incident
+from kb.knowledge import KnowledgeBase
+
+_TOKEN = re.compile(r"[a-z][a-z0-9_]+|\d+")
+_STOP = frozenset("""a an and are as at be been but by can do does for from had has have i if in into is it
+its job jobs my no not of on or our so that the their then there these this to was we were what when which
+while will with you your after before again also all any been being did get got how just more most now one
+only other out over same some still than them they too up very why would""".split())
+
+DENSE_WEIGHT = 0.7
+"""Share of the dense similarity in the fused score; BM25 (max-normalised) takes the rest."""
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case word and number tokens without stop words."""
+    return [t for t in _TOKEN.findall(text.lower()) if t not in _STOP]
+
+
+class BM25:
+    """Okapi BM25 over a fixed corpus, with an inverted index for sparse scoring."""
+
+    def __init__(self, documents: list[list[str]], k1: float = 1.2, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.size = len(documents)
+        self.lengths = np.array([len(d) for d in documents], dtype=np.float32)
+        self.avg_length = float(self.lengths.mean()) if self.size else 0.0
+        self.postings: dict[str, list[tuple[int, int]]] = {}
+        for index, doc in enumerate(documents):
+            for term, freq in Counter(doc).items():
+                self.postings.setdefault(term, []).append((index, freq))
+        self.idf = {term: math.log(1 + (self.size - len(p) + 0.5) / (len(p) + 0.5))
+                    for term, p in self.postings.items()}
+
+    def scores(self, query: list[str]) -> np.ndarray:
+        """BM25 score of every document for the query tokens."""
+        out = np.zeros(self.size, dtype=np.float32)
+        if not self.size:
+            return out
+        norm = self.k1 * (1 - self.b + self.b * self.lengths / max(self.avg_length, 1e-9))
+        for term in set(query):
+            postings = self.postings.get(term)
+            if not postings:
+                continue
+            idx = np.fromiter((p[0] for p in postings), dtype=np.int64, count=len(postings))
+            tf = np.fromiter((p[1] for p in postings), dtype=np.float32, count=len(postings))
+            out[idx] += self.idf[term] * tf * (self.k1 + 1) / (tf + norm[idx])
+        return out
+
+
+class SimilarIncident(BaseModel):
+    """A past incident retrieved for a ticket."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    title: str
+    score: float  # fused similarity in [0, 1]
+    dense: float  # cosine similarity of the embeddings
+    lexical: float  # BM25 score normalised by the best match
+    symptom: str | None
+    root_cause: str | None
+    root_cause_dimension: str | None
+    mitigation: str | None
+    resolution: str
+    provenance: str
+    source: str
+
+
+@dataclass
+class _Corpus:
+    incidents: list[Incident]
+    bm25: BM25
+    position: dict[str, int]
+    signature: tuple[int, int]
+
+
+def _matches(incident: Incident, where: dict | None, dimension: str | None) -> bool:
+    if not where:
+        return True
+    values = {"symptom": incident.symptom, "root_cause": incident.root_cause, "dimension": dimension,
+              "mitigation": incident.mitigation, "provenance": incident.provenance.value,
+              "source": incident.source}
+    for key, wanted in where.items():
+        allowed = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        if values.get(key) not in allowed:
+            return False
+    return True
+
+
+def chroma_where(where: dict | None) -> dict | None:
+    """Translate a simple ``{field: value | [values]}`` filter to Chroma's syntax."""
+    if not where:
+        return None
+    clauses = [{k: {"$in": list(v)}} if isinstance(v, (list, tuple, set)) else {k: v}
+               for k, v in where.items()]
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+class Retriever:
+    """Finds the past incidents most similar to a ticket (dense + BM25, fused)."""
+
+    def __init__(self, kb: KnowledgeBase, dense_weight: float = DENSE_WEIGHT):
+        self.kb = kb
+        self.dense_weight = dense_weight
+        self._corpus: _Corpus | None = None
+
+    def _load(self) -> _Corpus:
+        count = self.kb.store.count()
+        if self._corpus is None or self._corpus.signature[0] != count:
+            self.refresh()
+        return self._corpus
+
+    def refresh(self) -> None:
+        """Reload the lexical index from the store (after incidents were added)."""
+        incidents = self.kb.store.incidents()
+        docs = [tokenize(i.document()) for i in incidents]
+        self._corpus = _Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
+                               (len(incidents), 0))
+
+    def retrieve_similar(self, text: str, k: int = 5, where: dict | None = None,
+                         query_vector: np.ndarray | None = None,
+                         exclude: set[str] | None = None) -> list[SimilarIncident]:
+        """The k most similar incidents, best first; ``where`` filters on labels/provenance."""
+        corpus = self._load()
+        if not corpus.incidents:
+            return []
+        vector = self.kb.embedder.embed_query(text) if query_vector is None else query_vector
+        pool = max(50, 5 * k)
+        hits = self.kb.store.query_incidents(vector, pool, chroma_where(where))
+        dense = {h.id: max(h.score, 0.0) for h in hits}
+        lexical = corpus.bm25.scores(tokenize(text))
+        best = float(lexical.max()) if lexical.size else 0.0
+        lexical_top = np.argsort(-lexical)[:pool] if best > 0 else []
+        candidates = set(dense) | {corpus.incidents[i].id for i in lexical_top}
+        exclude = exclude or set()
+        scored = []
+        for incident_id in candidates:
+            pos = corpus.position.get(incident_id)
+            if pos is None or incident_id in exclude:
+                continue
+            incident = corpus.incidents[pos]
+            dimension = self.kb.dimension_of(incident.root_cause)
+            if not _matches(incident, where, dimension):
+                continue
+            d = dense.get(incident_id)
+            if d is None:  # outside the dense pool: compute it exactly is not possible cheaply
+                d = 0.0
+            lex = float(lexical[pos]) / best if best > 0 else 0.0
+            score = self.dense_weight * d + (1 - self.dense_weight) * lex
+            scored.append((score, d, lex, incident, dimension))
+        scored.sort(key=lambda s: -s[0])
+        return [SimilarIncident(id=i.id, title=i.title, score=round(s, 4), dense=round(d, 4),
+                                lexical=round(lex, 4), symptom=i.symptom, root_cause=i.root_cause,
+                                root_cause_dimension=dim, mitigation=i.mitigation,
+                                resolution=i.resolution, provenance=i.provenance.value, source=i.source)
+                for s, d, lex, i, dim in scored[:k]]

