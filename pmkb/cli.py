@@ -200,11 +200,156 @@ def stats(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             typer.echo(f"  {label:32} {count:5}")
 
 
+def open_engine(**overrides):
+    """The suggestion engine over the (built) knowledge base."""
+    from kb.suggest import SuggestionEngine
+
+    engine = SuggestionEngine(open_kb(**overrides))
+    if not engine.calibration_path.exists():
+        echo_err("fitting the classifier on the knowledge base (once) ...")
+    engine.calibration
+    return engine
+
+
+def render_card(s) -> str:
+    """A readable suggestion card for the terminal."""
+    lines = []
+    verdict = "NOT SURE" if s.abstained else "root cause"
+    lines.append(f"{verdict}: {s.root_cause} ({s.root_cause_name}) [{s.root_cause_dimension}] "
+                 f"{s.root_cause_confidence:.0%}")
+    others = ", ".join(f"{c.id} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
+    lines.append(f"  next candidates: {others}")
+    lines.append(f"symptom: {s.symptom} {s.symptom_confidence:.0%}")
+    lines.append(f"retry safe: {'yes' if s.retry_safe else 'no'}"
+                 + (f"   suspect: {', '.join(f'{k} {v}' for k, v in s.suspect.items())}" if s.suspect else ""))
+    if s.evidence:
+        lines.append("evidence:")
+        lines += [f"  - [{e.signal}] {e.text}  -> {e.category}: {e.explanation}" for e in s.evidence[:6]]
+    lines.append("mitigations:")
+    lines += [f"  {n}. {m.id} ({m.confidence:.0%}): {m.next_step}" for n, m in enumerate(s.mitigations, 1)]
+    if s.low_gpu_utilisation:
+        lines.append("low GPU utilisation checks:")
+        lines += [f"  - {h.name}: {h.fix}" for h in s.low_gpu_utilisation]
+    lines.append("similar incidents:")
+    lines += [f"  [{h.score:.2f}] {h.id}: {h.title} ({h.root_cause})" for h in s.similar_incidents]
+    return "\n".join(lines)
+
+
+@app.command()
+def suggest(
+    text: Optional[str] = typer.Argument(None, help="Ticket text (or use --file)."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the ticket text from a file."),
+    title: str = typer.Option("", "--title", help="Ticket title."),
+    json_out: bool = typer.Option(False, "--json", help="Print the Suggestion as JSON."),
+) -> None:
+    """Suggest symptom, root cause, mitigation and similar incidents for one ticket."""
+    from kb.suggest import EmptyTicket, Ticket
+
+    if file is not None:
+        from ingest.common import read_text
+
+        try:
+            text, _ = read_text(file)
+        except OSError as exc:
+            fail(f"cannot read {file}: {exc}")
+    if not (text or title):
+        fail("give the ticket text as an argument, or --file F")
+    engine = open_engine()
+    try:
+        result = engine.suggest(Ticket(title=title, description=text or ""))
+    except EmptyTicket as exc:
+        fail(str(exc))
+    typer.echo(result.model_dump_json(indent=2) if json_out else render_card(result))
+
+
+@app.command()
+def annotate(
+    input: Path = typer.Argument(..., help="JSONL with id, title, description (labels are never read)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output JSONL: one suggestion per input record."),
+) -> None:
+    """Annotate a JSONL file of tickets."""
+    from tqdm import tqdm
+
+    from kb.annotate import annotate_file
+
+    if not input.exists():
+        fail(f"no such file: {input}")
+    engine = open_engine()
+    total = sum(1 for line in input.open("rb") if line.strip())
+    with tqdm(total=total, unit="ticket", desc="annotate", file=sys.stderr) as bar:
+        errors = annotate_file(engine, input, out, progress=bar.update)
+    for line in errors:
+        echo_err(f"error: {line}")
+    typer.echo(f"wrote {total - len(errors)} annotations to {out}" + (f"; {len(errors)} failed" if errors else ""))
+    if errors:
+        raise typer.Exit(1)
+
+
+@app.command(name="eval")
+def eval_cmd(
+    labelled: Path = typer.Argument(..., help="Labelled JSONL (id, title, description, root_cause, ...)."),
+    kfold: int = typer.Option(0, "--kfold", help="Also run k-fold: other folds join the knowledge base."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write all figures as JSON here."),
+) -> None:
+    """Evaluate the engine on labelled tickets, with baselines, against the knowledge base."""
+    from tqdm import tqdm
+
+    from kb.evaluate import evaluate, evaluate_kfold, format_report, load_cases
+    from kb.knowledge import dump_json
+
+    try:
+        cases = load_cases(labelled)
+    except (OSError, ValueError) as exc:
+        fail(str(exc))
+    engine = open_engine()
+    with tqdm(total=len(cases), unit="ticket", desc="eval", file=sys.stderr) as bar:
+        result = evaluate(engine, cases, progress=bar.update)
+    typer.echo(format_report(result, f"{labelled.name} against the knowledge base "
+                                     f"({engine.kb.store.count()} incidents)"))
+    results = {"knowledge_base": result}
+    if kfold > 1:
+        from kb.evaluate import evaluate_kfold
+
+        with tqdm(total=len(cases), unit="ticket", desc=f"{kfold}-fold", file=sys.stderr) as bar:
+            results["kfold"] = evaluate_kfold(engine.kb, cases, folds=kfold, progress=bar.update)
+        typer.echo("")
+        typer.echo(format_report(results["kfold"], f"{labelled.name}, {kfold}-fold (other folds join "
+                                                   "the knowledge base)"))
+    if json_out:
+        json_out.write_text(dump_json(results))
+
+
+@app.command()
+def calibrate() -> None:
+    """Refit the classifier weights on the knowledge base (after adding many incidents)."""
+    from kb.suggest import SuggestionEngine
+
+    engine = SuggestionEngine(open_kb())
+    cal = engine.fit_calibration()
+    typer.echo(f"fitted on {cal.fitted_on}: log loss {cal.log_loss}\n{cal.model_dump_json(indent=2)}")
+
+
 @app.command()
 def build() -> None:
     """Build the knowledge base from the bundled incident reports if it is empty."""
     knowledge = open_kb()
     typer.echo(f"knowledge base ready: {knowledge.store.count()} incidents in {knowledge.store.location}")
+
+
+COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd")
+"""Modules that add commands to the app through a ``register(app)`` function."""
+
+
+def _register_commands() -> None:
+    import importlib
+    import importlib.util
+
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).register(app)
+
+
+_register_commands()
 
 
 def main() -> None:

@@ -1,0 +1,195 @@
+"""Evaluation on labelled tickets: accuracy, macro-F1, calibration, retrieval and baselines."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kb.classify import expected_calibration_error, neighbour_votes
+from kb.incidents import Incident
+from kb.knowledge import KnowledgeBase
+from kb.suggest import Suggestion, SuggestionEngine, Ticket
+
+
+@dataclass
+class Case:
+    """A labelled ticket: inputs and the expert labels."""
+
+    ticket: Ticket
+    root_cause: str
+    dimension: str | None
+    symptom: str | None
+    mitigation: str | None
+    alt_root_causes: list[str]
+    record: dict
+
+
+def load_cases(path: Path) -> list[Case]:
+    """Read a labelled JSONL file (fields of shared/data/dev_incidents.jsonl)."""
+    cases = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            cases.append(Case(Ticket(id=rec["id"], title=rec.get("title", ""), description=rec.get("description", "")),
+                              rec["root_cause"], rec.get("root_cause_dimension"), rec.get("symptom"),
+                              rec.get("mitigation"), list(rec.get("alt_root_causes") or []), rec))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise ValueError(f"{path}: line {number}: not a labelled record ({exc})") from exc
+    if not cases:
+        raise ValueError(f"{path}: no labelled records")
+    return cases
+
+
+def macro_f1(truth: list[str], pred: list[str]) -> float:
+    """Macro-averaged F1 over the classes present in the truth."""
+    scores = []
+    for label in sorted(set(truth)):
+        tp = sum(t == label and p == label for t, p in zip(truth, pred))
+        fp = sum(t != label and p == label for t, p in zip(truth, pred))
+        fn = sum(t == label and p != label for t, p in zip(truth, pred))
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return float(np.mean(scores)) if scores else 0.0
+
+
+def score(cases: list[Case], preds: list[Suggestion]) -> dict:
+    """All figures for one set of predictions."""
+    truth = [c.root_cause for c in cases]
+    top1 = [p.root_cause for p in preds]
+    correct = [t == p for t, p in zip(truth, top1)]
+    kept = [i for i, p in enumerate(preds) if not p.abstained]
+    with_sym = [(c, p) for c, p in zip(cases, preds) if c.symptom]
+    with_mit = [(c, p) for c, p in zip(cases, preds) if c.mitigation]
+    with_dim = [(c, p) for c, p in zip(cases, preds) if c.dimension]
+    return {
+        "n": len(cases),
+        "top1": float(np.mean(correct)),
+        "top1_alt": float(np.mean([p.root_cause in {c.root_cause, *c.alt_root_causes}
+                                   for c, p in zip(cases, preds)])),
+        "macro_f1": macro_f1(truth, top1),
+        "top3": float(np.mean([c.root_cause in [x.id for x in p.root_cause_candidates[:3]]
+                               for c, p in zip(cases, preds)])),
+        "dimension": float(np.mean([p.root_cause_dimension == c.dimension for c, p in with_dim])),
+        "symptom": float(np.mean([p.symptom == c.symptom for c, p in with_sym])) if with_sym else float("nan"),
+        "mitigation": float(np.mean([p.mitigation == c.mitigation for c, p in with_mit])) if with_mit else float("nan"),
+        "coverage": len(kept) / len(cases),
+        "precision_when_labelled": float(np.mean([correct[i] for i in kept])) if kept else float("nan"),
+        "ece": expected_calibration_error([p.root_cause_confidence for p in preds], correct),
+        "recall_at_5": float(np.mean([any(h.root_cause == c.root_cause for h in p.similar_incidents[:5])
+                                      for c, p in zip(cases, preds)])),
+    }
+
+
+def confusion(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, int]]:
+    """truth -> {predicted: count}, errors only."""
+    table: dict[str, Counter] = {}
+    for c, p in zip(cases, preds):
+        if c.root_cause != p.root_cause:
+            table.setdefault(c.root_cause, Counter())[p.root_cause] += 1
+    return {k: dict(v.most_common()) for k, v in sorted(table.items())}
+
+
+def baselines(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]) -> dict[str, dict]:
+    """Majority class of the knowledge base, and the neighbours' vote alone, in the same run."""
+    incidents = engine.retriever._load().incidents
+    majority = Counter(i.root_cause for i in incidents if i.root_cause).most_common(1)[0][0]
+    truth = [c.root_cause for c in cases]
+    out = {"majority_class": {"label": majority, "top1": float(np.mean([t == majority for t in truth])),
+                              "macro_f1": macro_f1(truth, [majority] * len(truth))}}
+    ids = engine.kb.taxonomy.cause_ids
+    vote_preds = []
+    for p in preds:
+        votes = neighbour_votes(p.similar_incidents, ids, "root_cause")
+        vote_preds.append(max(votes, key=votes.get) if any(votes.values()) else majority)
+    out["neighbour_vote"] = {"top1": float(np.mean([t == v for t, v in zip(truth, vote_preds)])),
+                             "macro_f1": macro_f1(truth, vote_preds)}
+    return out
+
+
+def evaluate(engine: SuggestionEngine, cases: list[Case],
+             progress: Callable[[int], None] | None = None) -> dict:
+    """Run the engine over labelled cases and compute every figure plus baselines."""
+    preds = []
+    for case in cases:
+        preds.append(engine.suggest(case.ticket))
+        if progress:
+            progress(1)
+    latencies = sorted(p.trace.get("latency_ms", 0.0) for p in preds)
+    return {"figures": score(cases, preds), "baselines": baselines(engine, cases, preds),
+            "confusion": confusion(cases, preds),
+            "latency_ms_p50": latencies[len(latencies) // 2],
+            "predictions": [{"id": c.ticket.id, "truth": c.root_cause, "predicted": p.root_cause,
+                             "confidence": p.root_cause_confidence} for c, p in zip(cases, preds)]}
+
+
+def case_incident(case: Case) -> Incident:
+    """A labelled case as a knowledge-base incident (for k-fold evaluation)."""
+    rec = case.record
+    return Incident(id=f"eval:{case.ticket.id}", title=case.ticket.title, description=case.ticket.description,
+                    resolution=rec.get("resolution") or "", symptom=case.symptom, root_cause=case.root_cause,
+                    mitigation=case.mitigation, source=rec.get("source") or "eval")
+
+
+def evaluate_kfold(kb: KnowledgeBase, cases: list[Case], folds: int = 5, seed: int = 0,
+                   progress: Callable[[int], None] | None = None) -> dict:
+    """Each fold is annotated against the knowledge base plus the other folds' labelled cases."""
+    order = list(range(len(cases)))
+    random.Random(seed).shuffle(order)
+    fold_of = {i: n % folds for n, i in enumerate(order)}
+    all_preds: list[Suggestion | None] = [None] * len(cases)
+    with tempfile.TemporaryDirectory(prefix="pmkb-kfold-") as tmp:
+        for fold in range(folds):
+            home = Path(tmp) / f"fold{fold}"
+            shutil.copytree(kb.settings.home, home, ignore=shutil.ignore_patterns("calibration.json"))
+            fold_kb = KnowledgeBase(kb.settings.model_copy(update={"home": home}), embedder=kb.embedder)
+            fold_kb.add_incidents([case_incident(cases[i]) for i in order if fold_of[i] != fold])
+            engine = SuggestionEngine(fold_kb)
+            engine.fit_calibration(save=False)
+            for i in order:
+                if fold_of[i] == fold:
+                    all_preds[i] = engine.suggest(cases[i].ticket)
+                    if progress:
+                        progress(1)
+        preds = [p for p in all_preds if p is not None]
+        latencies = sorted(p.trace.get("latency_ms", 0.0) for p in preds)
+        return {"figures": score(cases, preds), "baselines": baselines(engine, cases, preds),
+                "confusion": confusion(cases, preds), "latency_ms_p50": latencies[len(latencies) // 2],
+                "folds": folds}
+
+
+FIGURE_NAMES = {
+    "top1": "root cause top-1", "top1_alt": "top-1 within label or alt", "macro_f1": "root cause macro-F1",
+    "top3": "root cause top-3", "dimension": "dimension accuracy", "symptom": "symptom accuracy",
+    "mitigation": "mitigation accuracy", "coverage": "coverage (not abstained)",
+    "precision_when_labelled": "precision when not abstaining", "ece": "ECE (root cause)",
+    "recall_at_5": "retrieval recall@5",
+}
+
+
+def format_report(result: dict, title: str) -> str:
+    """A plain-text table of the figures, the baselines and the confusion table."""
+    lines = [f"## {title}", "", "| figure | value |", "|---|---|"]
+    for key, name in FIGURE_NAMES.items():
+        lines.append(f"| {name} | {result['figures'][key]:.3f} |")
+    lines.append(f"| n | {result['figures']['n']} |")
+    lines.append(f"| suggest latency p50 (ms) | {result['latency_ms_p50']:.0f} |")
+    base = result["baselines"]
+    lines += ["", "| baseline | top-1 | macro-F1 |", "|---|---|---|",
+              f"| majority class ({base['majority_class']['label']}) | {base['majority_class']['top1']:.3f} | "
+              f"{base['majority_class']['macro_f1']:.3f} |",
+              f"| neighbour vote alone | {base['neighbour_vote']['top1']:.3f} | "
+              f"{base['neighbour_vote']['macro_f1']:.3f} |",
+              f"| pmkb engine | {result['figures']['top1']:.3f} | {result['figures']['macro_f1']:.3f} |",
+              "", "confusion (truth -> predicted: count, errors only):"]
+    for truth, row in result["confusion"].items():
+        lines.append(f"  {truth:32} " + ", ".join(f"{p}: {n}" for p, n in row.items()))
+    return "\n".join(lines)

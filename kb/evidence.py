@@ -1,0 +1,171 @@
+"""Evidence: log signatures an on-call engineer reads by eye, as data (data/signatures.yaml)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kb.taxonomy import LowUtilTaxonomy, Taxonomy, TaxonomyError
+
+
+class Signature(BaseModel):
+    """One recognisable log line or phrase, mapped to categories with weights."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    pattern: str  # Python regex, compiled case-insensitive and multi-line
+    causes: dict[str, float] = Field(default_factory=dict)  # root-cause id -> weight (0, 3]
+    symptoms: dict[str, float] = Field(default_factory=dict)  # symptom id -> weight
+    low_gpu_utilisation: str | None = None  # low-GPU-utilisation category it points to
+    suspect: str | None = None  # "node" or "gpu" when the line usually identifies bad hardware
+    explanation: str
+    examples: list[str] = Field(default_factory=list)  # lines that must match
+    counter_examples: list[str] = Field(default_factory=list)  # lines that must not match
+
+    def compiled(self) -> re.Pattern[str]:
+        """The compiled pattern."""
+        return _compile(self.pattern)
+
+
+@lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.IGNORECASE | re.MULTILINE)
+
+
+class Evidence(BaseModel):
+    """A signature found in a ticket: where, what it says and what it points to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signal: str  # signature id
+    text: str  # the matched line, shortened
+    category: str | None  # the root cause it points to most strongly
+    causes: dict[str, float]
+    symptoms: dict[str, float] = Field(default_factory=dict)
+    explanation: str
+    start: int  # span of the match in the ticket text, for highlighting
+    end: int
+    low_gpu_utilisation: str | None = None
+    suspect: str | None = None
+
+
+def load_signatures(path: Path | str, taxonomy: Taxonomy,
+                    low_util: LowUtilTaxonomy | None = None) -> list[Signature]:
+    """Load and validate signatures against the taxonomy; errors name the signature."""
+    return list(_load(str(path), taxonomy, low_util))
+
+
+_CACHE: dict[tuple, tuple[Signature, ...]] = {}
+
+
+def _load(path: str, taxonomy: Taxonomy, low_util: LowUtilTaxonomy | None) -> tuple[Signature, ...]:
+    key = (path, taxonomy.name, id(taxonomy), id(low_util))
+    if key in _CACHE:
+        return _CACHE[key]
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise TaxonomyError(f"{path}: cannot read signatures: {exc}") from exc
+    items = raw.get("signatures") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        raise TaxonomyError(f"{path}: expected a top-level 'signatures:' list")
+    out = []
+    for number, item in enumerate(items, 1):
+        name = item.get("id", f"#{number}") if isinstance(item, dict) else f"#{number}"
+        try:
+            sig = Signature.model_validate(item)
+            sig.compiled()
+        except (ValidationError, re.error) as exc:
+            raise TaxonomyError(f"{path}: signature {name!r}: {exc}") from exc
+        for cause, weight in sig.causes.items():
+            if cause not in taxonomy.cause_ids:
+                raise TaxonomyError(f"{path}: signature {name!r} names unknown root cause {cause!r}")
+            if not 0 < weight <= 3:
+                raise TaxonomyError(f"{path}: signature {name!r}: weight {weight} for {cause} not in (0, 3]")
+        for symptom in sig.symptoms:
+            if symptom not in taxonomy.symptom_ids:
+                raise TaxonomyError(f"{path}: signature {name!r} names unknown symptom {symptom!r}")
+        if sig.low_gpu_utilisation and low_util and sig.low_gpu_utilisation not in {
+                c.id for c in low_util.categories}:
+            raise TaxonomyError(f"{path}: signature {name!r} names unknown low-GPU-utilisation "
+                                f"category {sig.low_gpu_utilisation!r}")
+        out.append(sig)
+    dupes = [i for i, n in Counter(s.id for s in out).items() if n > 1]
+    if dupes:
+        raise TaxonomyError(f"{path}: duplicate signature id(s): {', '.join(dupes)}")
+    _CACHE[key] = tuple(out)
+    return _CACHE[key]
+
+
+def _line_around(text: str, start: int, end: int, width: int = 200) -> str:
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    line_end = len(text) if line_end == -1 else line_end
+    line = text[line_start:line_end].strip()
+    if len(line) > width:
+        rel = start - line_start
+        lo = max(0, rel - width // 2)
+        line = ("..." if lo else "") + line[lo:lo + width] + "..."
+    return line
+
+
+def find_evidence(text: str, signatures: list[Signature]) -> list[Evidence]:
+    """Every signature that matches the text (first match each), strongest first."""
+    found = []
+    for sig in signatures:
+        match = sig.compiled().search(text)
+        if not match:
+            continue
+        top = max(sig.causes, key=sig.causes.get) if sig.causes else None
+        found.append(Evidence(signal=sig.id, text=_line_around(text, match.start(), match.end()),
+                              category=top, causes=dict(sig.causes), symptoms=dict(sig.symptoms),
+                              explanation=sig.explanation, start=match.start(), end=match.end(),
+                              low_gpu_utilisation=sig.low_gpu_utilisation, suspect=sig.suspect))
+    found.sort(key=lambda e: -max(e.causes.values(), default=0))
+    return found
+
+
+def evidence_scores(evidence: list[Evidence], ids: list[str], field: str = "causes",
+                    cap: float = 4.0) -> dict[str, float]:
+    """Summed signature weight per id (capped so one noisy ticket cannot dominate)."""
+    totals = dict.fromkeys(ids, 0.0)
+    for item in evidence:
+        for label, weight in getattr(item, field).items():
+            if label in totals:
+                totals[label] += weight
+    return {k: min(v, cap) for k, v in totals.items()}
+
+
+_NODE = re.compile(
+    r"\b(?:node|host|hostname|server|worker|machine|on)\s*[:=]?\s*[`'\"]?"
+    r"([a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*-?\d+[a-z0-9-]*)", re.I)
+_NODE_NAME = re.compile(r"\b((?:gpu|dgx|node|hgx|compute|worker|cn|gn|a100|h100)[-_]?[a-z0-9]*-?\d+(?:-\d+)*)\b",
+                        re.I)
+_GPU = re.compile(r"\b(?:GPU\s*#?\s*(\d{1,2})\b|gpu(\d{1,2})\b|PCI:?\s*(0000:[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?))", re.I)
+_NOT_NODES = {"on-call", "oncall"}
+
+
+def find_suspect(text: str) -> dict[str, str] | None:
+    """The node (and GPU) a ticket names, if any: where to exclude or cordon."""
+    node = None
+    for pattern in (_NODE_NAME, _NODE):
+        match = pattern.search(text)
+        if match and match.group(1).lower() not in _NOT_NODES and not match.group(1).isdigit():
+            node = match.group(1)
+            break
+    gpu_match = _GPU.search(text)
+    gpu = next((g for g in gpu_match.groups() if g), None) if gpu_match else None
+    if not node and not gpu:
+        return None
+    out = {}
+    if node:
+        out["node"] = node
+    if gpu:
+        out["gpu"] = gpu
+    return out

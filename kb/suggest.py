@@ -1,0 +1,238 @@
+"""The suggestion engine: ticket -> redact -> embed -> retrieve -> evidence -> classify -> Suggestion."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from functools import cached_property
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kb import __version__
+from kb.classify import (VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict)
+from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
+from kb.incidents import Incident, trim_middle
+from kb.knowledge import KnowledgeBase
+from kb.mitigate import LowUtilisationHint, MitigationStep, low_utilisation_hints, rank_mitigations
+from kb.redact import redact
+from kb.search import Retriever, SimilarIncident
+from kb.taxonomy import load_low_util_taxonomy
+
+MAX_TICKET_CHARS = 12_000
+"""Ticket text beyond this is trimmed in the middle for embedding (evidence is found on all of it)."""
+LOW_UTIL_SYMPTOMS = {"job_slowdown"}
+
+
+class EmptyTicket(ValueError):
+    """A ticket with no text to work on."""
+
+
+class Ticket(BaseModel):
+    """A new ticket as it arrives: the only input of a suggestion (labels are never read)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = "ticket"
+    title: str = ""
+    description: str = ""
+    log: str = ""  # optional log excerpt pasted by the reporter
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_to_str(cls, value):
+        return str(value)
+
+    def text(self) -> str:
+        """Title, description and log as one text."""
+        return "\n".join(p for p in (self.title, self.description, self.log) if p and p.strip())
+
+
+class Candidate(BaseModel):
+    """A label with its probability."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    confidence: float
+
+
+class Suggestion(BaseModel):
+    """What pmkb suggests for a ticket, with the evidence behind each part."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str  # the ticket's id
+    symptom: str
+    symptom_confidence: float
+    symptom_candidates: list[Candidate]
+    root_cause: str
+    root_cause_name: str
+    root_cause_dimension: str
+    root_cause_confidence: float
+    root_cause_candidates: list[Candidate]  # ranked
+    abstained: bool  # top probability below the abstain threshold: do not label
+    mitigation: str  # first of the ranked mitigations
+    mitigations: list[MitigationStep]
+    retry_safe: bool  # would resubmitting (excluding the suspect node) likely clear it?
+    suspect: dict[str, str] | None = None  # node / GPU named in the ticket
+    similar_incidents: list[SimilarIncident]
+    evidence: list[Evidence]
+    low_gpu_utilisation: list[LowUtilisationHint] = Field(default_factory=list)
+    explanation: str = ""  # short, human-readable reasoning
+    trace: dict = Field(default_factory=dict)  # engine, model, template and timing details
+
+
+def _cosine_map(query: np.ndarray, vectors: dict[str, np.ndarray], prefix: str) -> dict[str, float]:
+    return {key.split(":", 1)[1]: float(np.dot(query, vec)) for key, vec in vectors.items()
+            if key.startswith(prefix)}
+
+
+class SuggestionEngine:
+    """Suggests symptom, root cause, mitigation and similar incidents for tickets, without an LLM."""
+
+    def __init__(self, kb: KnowledgeBase, retriever: Retriever | None = None,
+                 calibration: Calibration | None = None):
+        self.kb = kb
+        self.settings = kb.settings
+        self.retriever = retriever or Retriever(kb)
+        self._calibration = calibration
+
+    @cached_property
+    def signatures(self):
+        """Validated log signatures."""
+        return load_signatures(self.settings.signatures, self.kb.taxonomy, self.low_util)
+
+    @cached_property
+    def low_util(self):
+        """The low-GPU-utilisation taxonomy."""
+        return load_low_util_taxonomy(self.settings.low_gpu_taxonomy)
+
+    @property
+    def calibration_path(self):
+        """Where fitted weights are kept for this knowledge base."""
+        return self.settings.home / "calibration.json"
+
+    @property
+    def calibration(self) -> Calibration:
+        """Fitted classifier weights: loaded, or fitted on the knowledge base when missing."""
+        if self._calibration is None:
+            self._calibration = Calibration.load(self.calibration_path) or self.fit_calibration()
+        return self._calibration
+
+    @cached_property
+    def _taxonomy_vectors(self) -> dict[str, np.ndarray]:
+        vectors = self.kb.store.taxonomy_vectors()
+        if not vectors:
+            self.kb.sync_taxonomy()
+            vectors = self.kb.store.taxonomy_vectors()
+        return vectors
+
+    def _priors(self, field: str, labels: list[str]) -> dict[str, float]:
+        counts = Counter(getattr(i, field) for i in self.retriever._load().incidents
+                         if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0)
+        total = sum(counts[label] for label in labels)
+        return {label: (counts[label] + 1) / (total + len(labels)) for label in labels}
+
+    def _features(self, text: str, vector: np.ndarray, similar: list[SimilarIncident],
+                  evidence: list[Evidence]):
+        tax = self.kb.taxonomy
+        vectors = self._taxonomy_vectors
+        cause_f = build_features(tax.cause_ids, evidence, similar, _cosine_map(vector, vectors, "cause:"),
+                                 self._priors("root_cause", tax.cause_ids), "root_cause")
+        symptom_f = build_features(tax.symptom_ids, evidence, similar,
+                                   _cosine_map(vector, vectors, "symptom:"),
+                                   self._priors("symptom", tax.symptom_ids), "symptom")
+        return cause_f, symptom_f
+
+    def fit_calibration(self, save: bool = True) -> Calibration:
+        """Fit the classifier weights leave-one-out over the labelled incidents of the knowledge base."""
+        ids, vectors = self.kb.store.incident_vectors()
+        by_id = {i.id: i for i in self.retriever._load().incidents}
+        cause_samples, cause_truth, symptom_samples, symptom_truth = [], [], [], []
+        for incident_id, vector in zip(ids, vectors):
+            incident = by_id.get(incident_id)
+            if incident is None or not incident.labelled or \
+                    VOTING_PROVENANCE.get(incident.provenance.value, 0) == 0:
+                continue
+            text = incident.text()
+            similar = self.retriever.retrieve_similar(text, k=self.settings.neighbours, query_vector=vector,
+                                                      exclude={incident_id})
+            cause_f, symptom_f = self._features(text, vector, similar, find_evidence(text, self.signatures))
+            cause_samples.append(cause_f)
+            cause_truth.append(incident.root_cause)
+            if incident.symptom:
+                symptom_samples.append(symptom_f)
+                symptom_truth.append(incident.symptom)
+        cause_w, cause_loss = fit_weights(cause_samples, cause_truth)
+        symptom_w, _ = fit_weights(symptom_samples, symptom_truth, start=Calibration().symptom)
+        calibration = Calibration(root_cause=cause_w, symptom=symptom_w, log_loss=round(cause_loss, 4),
+                                  fitted_on=f"leave-one-out over {len(cause_samples)} labelled incidents "
+                                            f"({datetime.now(timezone.utc):%Y-%m-%d})")
+        if save and cause_samples:
+            calibration.save(self.calibration_path)
+        self._calibration = calibration
+        return calibration
+
+    def suggest(self, ticket: Ticket | Incident, exclude: set[str] | None = None) -> Suggestion:
+        """The full suggestion for one ticket."""
+        started = time.perf_counter()
+        if isinstance(ticket, Incident):
+            ticket = Ticket(id=ticket.id, title=ticket.title, description=ticket.description)
+        raw = ticket.text()
+        if not raw.strip():
+            raise EmptyTicket(f"ticket {ticket.id!r} has no title, description or log text")
+        text = redact(raw)
+        evidence = find_evidence(text, self.signatures)
+        query = trim_middle(text, MAX_TICKET_CHARS)
+        vector = self.kb.embedder.embed_query(query)
+        similar = self.retriever.retrieve_similar(query, k=self.settings.neighbours, query_vector=vector,
+                                                  exclude=exclude)
+        cause_f, symptom_f = self._features(query, vector, similar, evidence)
+        causes = predict(cause_f, self.calibration.root_cause)
+        symptoms = predict(symptom_f, self.calibration.symptom)
+        top_cause, top_p = causes[0]
+        cause = self.kb.taxonomy.root_cause(top_cause)
+        suspect = find_suspect(text) if cause.dimension == "hardware" or any(
+            e.suspect for e in evidence) else None
+        mitigations = rank_mitigations(self.kb.taxonomy, causes[:5], similar, suspect)
+        low_util = (low_utilisation_hints(self.low_util, evidence, text)
+                    if symptoms[0][0] in LOW_UTIL_SYMPTOMS or any(e.low_gpu_utilisation for e in evidence)
+                    else [])
+        abstained = top_p < self.settings.abstain_threshold
+        suggestion = Suggestion(
+            id=ticket.id, symptom=symptoms[0][0], symptom_confidence=round(symptoms[0][1], 4),
+            symptom_candidates=[Candidate(id=s, confidence=round(p, 4)) for s, p in symptoms[:3]],
+            root_cause=top_cause, root_cause_name=cause.name, root_cause_dimension=cause.dimension,
+            root_cause_confidence=round(top_p, 4),
+            root_cause_candidates=[Candidate(id=c, confidence=round(p, 4)) for c, p in causes[:5]],
+            abstained=abstained, mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
+            mitigations=mitigations[:4], retry_safe=cause.retry_safe and not abstained, suspect=suspect,
+            similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
+            trace={"engine": f"pmkb-engine/{__version__}", "taxonomy": self.kb.taxonomy.name,
+                   "embedding_model": self.kb.embedder.model_id,
+                   "calibration": self.calibration.fitted_on, "llm": None})
+        suggestion.explanation = explain(suggestion)
+        suggestion.trace["latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        return suggestion
+
+
+def explain(s: Suggestion) -> str:
+    """A short paragraph saying why the engine suggests what it does."""
+    parts = []
+    if s.abstained:
+        parts.append(f"Not sure: the best guess is {s.root_cause} at {s.root_cause_confidence:.0%}, "
+                     "below the abstain threshold.")
+    else:
+        parts.append(f"Most likely {s.root_cause} ({s.root_cause_dimension}) at {s.root_cause_confidence:.0%}.")
+    if s.evidence:
+        parts.append("Evidence: " + "; ".join(f"{e.signal} -> {e.category}" for e in s.evidence[:3]) + ".")
+    same = [h.id for h in s.similar_incidents if h.root_cause == s.root_cause]
+    if same:
+        parts.append(f"{len(same)} of {len(s.similar_incidents)} similar incidents share the cause "
+                     f"({', '.join(same[:3])}).")
+    if s.retry_safe:
+        parts.append("A resubmission" + (f" excluding {s.suspect['node']}" if s.suspect and
+                                          s.suspect.get("node") else "") + " will likely clear it.")
+    return " ".join(parts)
