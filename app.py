@@ -1,29 +1,21 @@
-"""Streamlit page: paste a ticket, see similar past incidents from the knowledge base."""
+"""The pmkb chat page: triage a ticket, browse the knowledge base, see its dashboard.
+
+Run with ``make run`` (or ``streamlit run app.py``); settings come from PMKB_* variables.
+The pages live in ui/; everything they compute comes from kb/.
+"""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from kb.knowledge import KnowledgeBase
-from kb.search import Retriever
-from kb.settings import load_settings
+from ui.resources import loaded, render_sidebar
 
+st.set_page_config(page_title="pmkb triage", page_icon=":material/troubleshoot:", layout="wide")
 
-@st.cache_resource(show_spinner="Loading the knowledge base ...")
-def load_retriever() -> Retriever:
-    """Open (and if empty, build) the knowledge base once per process."""
-    knowledge = KnowledgeBase(load_settings())
-    knowledge.ensure_built()
-    return Retriever(knowledge)
-
-
-st.set_page_config(page_title="pmkb", layout="wide")
-st.title("pmkb: postmortem knowledge base")
-retriever = load_retriever()
-st.caption(f"{retriever.kb.store.count()} incidents in {retriever.kb.store.location}")
-ticket = st.text_area("Ticket", placeholder="Paste the ticket title, description and log excerpt")
-if st.button("Find similar incidents") and ticket.strip():
-    for hit in retriever.retrieve_similar(ticket, k=5):
-        with st.expander(f"{hit.score:.2f}  {hit.id}: {hit.title}"):
-            st.write(f"**{hit.root_cause}** ({hit.root_cause_dimension}), symptom {hit.symptom}")
-            st.write(hit.resolution)
+page = st.navigation([
+    st.Page("ui/triage_page.py", title="Triage", icon=":material/troubleshoot:", default=True),
+    st.Page("ui/incidents_page.py", title="Incidents", icon=":material/list_alt:", url_path="incidents"),
+    st.Page("ui/dashboard_page.py", title="Dashboard", icon=":material/bar_chart:", url_path="dashboard"),
+])
+render_sidebar(loaded())
+page.run()

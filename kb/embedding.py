@@ -106,6 +106,10 @@ class SentenceTransformerEmbedder:
         """Embed one query (with the model's query prefix, if any)."""
         return self._encode([self._query_prefix + text])[0]
 
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        """Embed many queries in batches (with the model's query prefix, if any)."""
+        return self._encode([self._query_prefix + t for t in texts])
+
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
 
@@ -133,6 +137,10 @@ class HashingEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         """Embed one query."""
         return self._vector(text)
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        """Embed many queries."""
+        return self.embed_documents(texts)
 
 
 EMBEDDERS = {

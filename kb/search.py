@@ -42,20 +42,30 @@ class BM25:
                 self.postings.setdefault(term, []).append((index, freq))
         self.idf = {term: math.log(1 + (self.size - len(p) + 0.5) / (len(p) + 0.5))
                     for term, p in self.postings.items()}
+        self._norm = self.k1 * (1 - self.b + self.b * self.lengths / max(self.avg_length, 1e-9))
+        self._weights: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _term_weights(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(document indices, BM25 weights) of a term; computed once, since they do not depend on the query."""
+        cached = self._weights.get(term)
+        if cached is None:
+            postings = self.postings.get(term)
+            if not postings:
+                return None
+            idx = np.fromiter((p[0] for p in postings), dtype=np.int64, count=len(postings))
+            tf = np.fromiter((p[1] for p in postings), dtype=np.float32, count=len(postings))
+            cached = self._weights[term] = (idx, self.idf[term] * tf * (self.k1 + 1) / (tf + self._norm[idx]))
+        return cached
 
     def scores(self, query: list[str]) -> np.ndarray:
         """BM25 score of every document for the query tokens."""
         out = np.zeros(self.size, dtype=np.float32)
         if not self.size:
             return out
-        norm = self.k1 * (1 - self.b + self.b * self.lengths / max(self.avg_length, 1e-9))
         for term in set(query):
-            postings = self.postings.get(term)
-            if not postings:
-                continue
-            idx = np.fromiter((p[0] for p in postings), dtype=np.int64, count=len(postings))
-            tf = np.fromiter((p[1] for p in postings), dtype=np.float32, count=len(postings))
-            out[idx] += self.idf[term] * tf * (self.k1 + 1) / (tf + norm[idx])
+            found = self._term_weights(term)
+            if found is not None:
+                out[found[0]] += found[1]
         return out
 
 
@@ -129,17 +139,31 @@ class Retriever:
         self._corpus = _Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
                                (len(incidents), 0))
 
+    def dense_candidates(self, vectors: np.ndarray, k: int = 5,
+                         where: dict | None = None) -> list[dict[str, float]]:
+        """The dense candidate pools of many query vectors in one store call.
+
+        Pass each one as ``dense`` to ``retrieve_similar`` (same ``k`` and ``where``) to skip its
+        own store query; batch jobs use this to avoid a round trip per ticket.
+        """
+        return self.kb.store.query_incident_scores(vectors, max(50, 5 * k), chroma_where(where))
+
     def retrieve_similar(self, text: str, k: int = 5, where: dict | None = None,
                          query_vector: np.ndarray | None = None,
-                         exclude: set[str] | None = None) -> list[SimilarIncident]:
-        """The k most similar incidents, best first; ``where`` filters on labels/provenance."""
+                         exclude: set[str] | None = None,
+                         dense: dict[str, float] | None = None) -> list[SimilarIncident]:
+        """The k most similar incidents, best first; ``where`` filters on labels/provenance.
+
+        ``dense``: this query's pool from ``dense_candidates``, when already fetched.
+        """
         corpus = self._load()
         if not corpus.incidents:
             return []
-        vector = self.kb.embedder.embed_query(text) if query_vector is None else query_vector
         pool = max(50, 5 * k)
-        hits = self.kb.store.query_incidents(vector, pool, chroma_where(where))
-        dense = {h.id: max(h.score, 0.0) for h in hits}
+        if dense is None:
+            vector = self.kb.embedder.embed_query(text) if query_vector is None else query_vector
+            dense = {h.id: h.score for h in self.kb.store.query_incidents(vector, pool, chroma_where(where))}
+        dense = {incident_id: max(score, 0.0) for incident_id, score in dense.items()}
         lexical = corpus.bm25.scores(tokenize(text))
         best = float(lexical.max()) if lexical.size else 0.0
         lexical_top = np.argsort(-lexical)[:pool] if best > 0 else []

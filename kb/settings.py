@@ -69,6 +69,21 @@ class Settings(BaseSettings):
     github_token: SecretStr | None = None
     jira_url: str | None = None
     jira_token: SecretStr | None = None
+    # Where Jira sends the shared secret: a header (jira_secret_header) or the ?secret= query parameter.
+    jira_secret_in: Literal["header", "query"] = "header"
+    jira_secret_header: str = "X-Pmkb-Secret"
+    # Largest accepted request body in bytes (larger: 413).
+    max_request_bytes: int = 1_048_576
+    # Token bucket per source (github, jira, api): sustained requests per second, and burst size.
+    rate_limit_per_second: float = 20.0
+    rate_limit_burst: int = 100
+    # Event queue: attempts before an event is dead-lettered; first retry delay in seconds (doubles).
+    queue_max_attempts: int = 5
+    queue_backoff: float = 2.0
+    # Seconds allowed for each GitHub / Jira REST call.
+    writeback_timeout: float = 15.0
+    # Dry run: append the intended write-back calls to this JSONL file instead of making them.
+    writeback_outbox: Path | None = None
 
     @property
     def store_dir(self) -> Path:

@@ -185,6 +185,21 @@ class ChromaStore:
                 for i, d, m, doc in zip(res["ids"][0], res["distances"][0],
                                         res["metadatas"][0], res["documents"][0])]
 
+    def query_incident_scores(self, vectors: np.ndarray, k: int,
+                              where: dict | None = None) -> list[dict[str, float]]:
+        """Ids and cosine similarities of the k nearest incidents to each of many query vectors.
+
+        One call for the whole batch, fetching distances only (no metadata or documents).
+        """
+        vectors = np.asarray(vectors)
+        total = self.count()
+        if total == 0 or k <= 0 or not len(vectors):
+            return [{} for _ in range(len(vectors))]
+        res = self._incidents.query(query_embeddings=vectors.tolist(), n_results=min(k, total),
+                                    where=where, include=["distances"])
+        return [{i: 1.0 - float(d) for i, d in zip(ids, dists)}
+                for ids, dists in zip(res["ids"], res["distances"])]
+
     def upsert_taxonomy(self, ids: list[str], documents: list[str], metadatas: list[dict],
                         vectors: np.ndarray) -> None:
         """Insert or replace taxonomy entries, dropping entries no longer in the taxonomy."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
 
@@ -17,12 +18,14 @@ from kb.incidents import Incident, trim_middle
 from kb.knowledge import KnowledgeBase
 from kb.mitigate import LowUtilisationHint, MitigationStep, low_utilisation_hints, rank_mitigations
 from kb.redact import redact
-from kb.search import Retriever, SimilarIncident
+from kb.search import BM25, DENSE_WEIGHT, Retriever, SimilarIncident, _Corpus, tokenize
 from kb.taxonomy import load_low_util_taxonomy
 
 MAX_TICKET_CHARS = 12_000
 """Ticket text beyond this is trimmed in the middle for embedding (evidence is found on all of it)."""
 LOW_UTIL_SYMPTOMS = {"job_slowdown"}
+VOTERS = [name for name, weight in VOTING_PROVENANCE.items() if weight > 0]
+"""Provenances whose labels vote (unconfirmed machine suggestions do not)."""
 
 
 class EmptyTicket(ValueError):
@@ -84,6 +87,68 @@ class Suggestion(BaseModel):
     trace: dict = Field(default_factory=dict)  # engine, model, template and timing details
 
 
+class VotingRetriever(Retriever):
+    """Retrieval over the incidents whose labels vote (``VOTERS``).
+
+    Unconfirmed machine suggestions are left out of the dense and the lexical search alike, so
+    adding them to the knowledge base never changes a classification: they can neither crowd
+    voting neighbours out nor shift the BM25 statistics. ``pinned`` keeps the corpus loaded
+    first (for a batch job whose own machine-suggested additions would only force reloads).
+    """
+
+    def __init__(self, kb: KnowledgeBase, dense_weight: float = DENSE_WEIGHT, pinned: bool = False):
+        super().__init__(kb, dense_weight)
+        self.pinned = pinned
+
+    def _load(self):
+        if self.pinned and self._corpus is not None:
+            return self._corpus
+        return super()._load()
+
+    def _voting_where(self, where: dict | None) -> dict | None:
+        corpus = self._load()
+        if not self.pinned and len(corpus.incidents) == corpus.signature[0]:
+            return where  # every stored incident votes: no filter needed
+        wanted = (where or {}).get("provenance", VOTERS)
+        wanted = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        return {**(where or {}), "provenance": [p for p in wanted if p in VOTERS]}
+
+    def refresh(self) -> None:
+        """Reload the lexical index from the store, keeping only incidents that vote."""
+        everything = self.kb.store.incidents()
+        voters = [i for i in everything if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0]
+        self._corpus = _Corpus(voters, BM25([tokenize(i.document()) for i in voters]),
+                               {i.id: n for n, i in enumerate(voters)}, (len(everything), 0))
+
+    def dense_candidates(self, vectors: np.ndarray, k: int = 5,
+                         where: dict | None = None) -> list[dict[str, float]]:
+        """Dense candidate pools of many query vectors, voting incidents only."""
+        return super().dense_candidates(vectors, k, self._voting_where(where))
+
+    def retrieve_similar(self, text: str, k: int = 5, where: dict | None = None,
+                         query_vector: np.ndarray | None = None, exclude: set[str] | None = None,
+                         dense: dict[str, float] | None = None) -> list[SimilarIncident]:
+        """The k most similar voting incidents, best first."""
+        return super().retrieve_similar(text, k, self._voting_where(where), query_vector, exclude, dense)
+
+
+@dataclass
+class PreparedTicket:
+    """A ticket ready to embed: its redacted text and the (trimmed) query that is embedded."""
+
+    ticket: Ticket
+    text: str  # redacted ticket text; evidence is found on all of it
+    query: str  # the text embedded and searched (trimmed in the middle when long)
+
+
+def embed_queries(embedder, texts: list[str]) -> np.ndarray:
+    """Query vectors for many texts: one batched call when the embedder offers ``embed_queries``."""
+    batch = getattr(embedder, "embed_queries", None)
+    if batch is not None:
+        return batch(texts)
+    return np.stack([embedder.embed_query(t) for t in texts]) if texts else np.zeros((0, 0), np.float32)
+
+
 def _cosine_map(query: np.ndarray, vectors: dict[str, np.ndarray], prefix: str) -> dict[str, float]:
     return {key.split(":", 1)[1]: float(np.dot(query, vec)) for key, vec in vectors.items()
             if key.startswith(prefix)}
@@ -96,8 +161,9 @@ class SuggestionEngine:
                  calibration: Calibration | None = None):
         self.kb = kb
         self.settings = kb.settings
-        self.retriever = retriever or Retriever(kb)
+        self.retriever = retriever or VotingRetriever(kb)
         self._calibration = calibration
+        self._prior_cache: tuple[object, dict] = (None, {})
 
     @cached_property
     def signatures(self):
@@ -130,10 +196,16 @@ class SuggestionEngine:
         return vectors
 
     def _priors(self, field: str, labels: list[str]) -> dict[str, float]:
-        counts = Counter(getattr(i, field) for i in self.retriever._load().incidents
-                         if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0)
-        total = sum(counts[label] for label in labels)
-        return {label: (counts[label] + 1) / (total + len(labels)) for label in labels}
+        corpus = self.retriever._load()
+        if self._prior_cache[0] is not corpus:  # counted once per loaded corpus, not per ticket
+            self._prior_cache = (corpus, {})
+        cache = self._prior_cache[1]
+        if field not in cache:
+            counts = Counter(getattr(i, field) for i in corpus.incidents
+                             if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0)
+            total = sum(counts[label] for label in labels)
+            cache[field] = {label: (counts[label] + 1) / (total + len(labels)) for label in labels}
+        return cache[field]
 
     def _features(self, text: str, vector: np.ndarray, similar: list[SimilarIncident],
                   evidence: list[Evidence]):
@@ -175,20 +247,70 @@ class SuggestionEngine:
         self._calibration = calibration
         return calibration
 
-    def suggest(self, ticket: Ticket | Incident, exclude: set[str] | None = None) -> Suggestion:
-        """The full suggestion for one ticket."""
-        started = time.perf_counter()
+    def prepare(self, ticket: Ticket | Incident) -> PreparedTicket:
+        """Redact a ticket and cut its query text; raises EmptyTicket when there is no text."""
         if isinstance(ticket, Incident):
             ticket = Ticket(id=ticket.id, title=ticket.title, description=ticket.description)
         raw = ticket.text()
         if not raw.strip():
             raise EmptyTicket(f"ticket {ticket.id!r} has no title, description or log text")
         text = redact(raw)
+        return PreparedTicket(ticket, text, trim_middle(text, MAX_TICKET_CHARS))
+
+    def suggest(self, ticket: Ticket | Incident, exclude: set[str] | None = None) -> Suggestion:
+        """The full suggestion for one ticket."""
+        started = time.perf_counter()
+        prepared = self.prepare(ticket)
+        vector = self.kb.embedder.embed_query(prepared.query)
+        return self.suggest_prepared(prepared, vector, exclude, started)
+
+    def suggest_batch(self, tickets: list[Ticket | Incident],
+                      exclude: set[str] | None = None) -> list[Suggestion | Exception]:
+        """Suggestions for many tickets with one batched embedding call.
+
+        A ticket that fails gets its exception in its place, so one bad ticket does not lose
+        the batch.
+        """
+        started = time.perf_counter()
+        prepared: list[PreparedTicket | Exception] = []
+        for ticket in tickets:
+            try:
+                prepared.append(self.prepare(ticket))
+            except EmptyTicket as exc:
+                prepared.append(exc)
+        good = [p for p in prepared if isinstance(p, PreparedTicket)]
+        vectors = embed_queries(self.kb.embedder, [p.query for p in good])
+        pools = iter(self.dense_candidates(vectors))
+        vectors = iter(vectors)
+        share = (time.perf_counter() - started) / max(len(good), 1)
+        out: list[Suggestion | Exception] = []
+        for item in prepared:
+            if isinstance(item, Exception):
+                out.append(item)
+                continue
+            try:
+                out.append(self.suggest_prepared(item, next(vectors), exclude,
+                                                 time.perf_counter() - share, dense=next(pools)))
+            except Exception as exc:  # noqa: BLE001 - reported per ticket by the caller
+                out.append(exc)
+        return out
+
+    def dense_candidates(self, vectors: np.ndarray) -> list[dict[str, float] | None]:
+        """Dense candidate pools for many query vectors in one store call (None: fetch per ticket)."""
+        fetch = getattr(self.retriever, "dense_candidates", None)
+        if fetch is None or not len(vectors):
+            return [None] * len(vectors)
+        return fetch(vectors, k=self.settings.neighbours)
+
+    def suggest_prepared(self, prepared: PreparedTicket, vector: np.ndarray,
+                         exclude: set[str] | None = None, started: float | None = None,
+                         dense: dict[str, float] | None = None) -> Suggestion:
+        """The suggestion for a prepared ticket whose query vector (and dense pool) is computed."""
+        started = time.perf_counter() if started is None else started
+        ticket, text, query = prepared.ticket, prepared.text, prepared.query
         evidence = find_evidence(text, self.signatures)
-        query = trim_middle(text, MAX_TICKET_CHARS)
-        vector = self.kb.embedder.embed_query(query)
         similar = self.retriever.retrieve_similar(query, k=self.settings.neighbours, query_vector=vector,
-                                                  exclude=exclude)
+                                                  exclude=exclude, dense=dense)
         cause_f, symptom_f = self._features(query, vector, similar, evidence)
         causes = predict(cause_f, self.calibration.root_cause)
         symptoms = predict(symptom_f, self.calibration.symptom)

@@ -1,0 +1,481 @@
+"""Backfill: annotate many old tickets in batches, resumably, with capped errors.
+
+A SQLite state file beside the output (``OUT.state.sqlite3``) holds one row per record id: its
+content hash, status and the exact line written to the output. A batch's rows commit before its
+lines are appended to the output, and every run starts by rewriting the output from the state
+table; so however the previous run ended (kill -9 included), the output holds each id once.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import importlib
+import io
+import json
+import os
+import sqlite3
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from kb import __version__
+from kb.annotate import annotation_record
+from kb.incidents import Incident, Provenance
+from kb.knowledge import KnowledgeBase
+from kb.suggest import (EmptyTicket, PreparedTicket, Suggestion, SuggestionEngine, VotingRetriever,
+                        embed_queries)
+
+WRITE_BACK_TARGETS = ("kb", "github", "jira")
+LLM_MODULE = "kb.llm_suggest"
+"""Module of the LLM stage: ``make_suggester(engine)`` gives an object with ``refine(ticket,
+suggestion)`` or ``suggest(ticket)``; looked up at run time, the stage is skipped without it."""
+ACTIONS = {
+    "input": "fix or remove this record in the input, then re-run (finished records are skipped)",
+    "empty": "give the ticket a title or description, or remove it from the input, then re-run",
+    "duplicate": "ids must be unique across the inputs: this record was not annotated; rename or drop it",
+    "annotate": "re-run to retry this record; if it fails again, report it with the record",
+    "llm": "check the LLM server (PMKB_LLM_BASE_URL) and re-run: the record is retried",
+    "write_back": "check the ticket key, token and URL (or use --dry-run) and re-run: the record is retried",
+}
+"""What to do next, by the stage where a record failed."""
+
+Log = Callable[[str], None]
+
+
+class BackfillError(RuntimeError):
+    """The run cannot start or had to stop; the message says why and what to do."""
+
+
+def sidecar(out: Path, suffix: str) -> Path:
+    """A file beside the output: ``x.jsonl`` -> ``x.<suffix>``."""
+    return out.with_name(f"{out.stem if out.suffix else out.name}.{suffix}")
+
+
+@dataclass
+class BackfillOptions:
+    """How to run a backfill."""
+
+    out: Path  # output JSONL: one annotation record per input id
+    batch_size: int = 64  # tickets embedded together
+    concurrency: int = 4  # threads for the LLM stage and ticket-system write-back
+    max_errors: int | None = 1000  # more failed records than this stops the run
+    write_back: str | None = None  # kb | github | jira
+    outbox: Path | None = None  # dry run of github/jira write-back: the calls go here
+    csv_mapping: dict[str, str] | None = None
+    state: Path | None = None  # default OUT.state.sqlite3
+    errors: Path | None = None  # default OUT.errors.jsonl
+
+    def state_path(self) -> Path:
+        """Where the state file lives."""
+        return self.state or sidecar(self.out, "state.sqlite3")
+
+    def errors_path(self) -> Path:
+        """Where failed records are listed."""
+        return self.errors or sidecar(self.out, "errors.jsonl")
+
+
+@dataclass
+class BackfillResult:
+    """What one run did."""
+
+    read: int = 0  # input records (good or bad)
+    annotated: int = 0  # annotated in this run
+    skipped: int = 0  # unchanged since an earlier run (same content hash)
+    failed: int = 0  # records listed in the errors file
+    written_back: int = 0
+    in_output: int = 0  # lines in the output after the run
+    llm: str = "none"  # LLM stage used, or why it was skipped
+    stopped: str | None = None  # why the run stopped early, if it did
+    seconds: float = 0.0
+
+
+class BackfillState:
+    """The SQLite state file: per record id its content hash, status and output line.
+
+    Held under an exclusive lock for the run, so two runs never write the same output.
+    """
+
+    SCHEMA = """CREATE TABLE IF NOT EXISTS records (
+        id TEXT PRIMARY KEY,         -- input record id
+        content_hash TEXT NOT NULL,  -- Incident.content_hash() of the input record
+        engine TEXT NOT NULL,        -- what annotated it (engine version, model, taxonomy, LLM)
+        status TEXT NOT NULL,        -- done | failed
+        output TEXT,                 -- the exact output line (done only)
+        written_back TEXT,           -- write-back target that holds this annotation, if any
+        error TEXT,                  -- why it failed (failed only)
+        updated_at TEXT NOT NULL)"""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = open(path.with_name(path.name + ".lock"), "w")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise BackfillError(f"another backfill is running with state {path}: wait for it to "
+                                "finish, or choose another --out") from None
+        self.db = sqlite3.connect(path, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # a killed process loses nothing committed
+        self.db.execute(self.SCHEMA)
+
+    def lookup(self, ids: list[str]) -> dict[str, tuple]:
+        """(content_hash, engine, status, written_back) of the given ids that have a row."""
+        marks = ",".join("?" * len(ids))
+        rows = self.db.execute(f"SELECT id, content_hash, engine, status, written_back FROM records "
+                               f"WHERE id IN ({marks})", ids)
+        return {row[0]: row[1:] for row in rows}
+
+    def commit(self, rows: list[tuple]) -> None:
+        """Insert or update rows (id, hash, engine, status, output, written_back, error) at once."""
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        with self.db:
+            self.db.executemany(
+                "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "content_hash=excluded.content_hash, engine=excluded.engine, status=excluded.status, "
+                "output=excluded.output, written_back=excluded.written_back, error=excluded.error, "
+                "updated_at=excluded.updated_at", [(*row, now) for row in rows])
+
+    def outputs(self) -> Iterator[str]:
+        """The output lines of every finished record, in the order they were first recorded."""
+        yield from (row[0] for row in self.db.execute(
+            "SELECT output FROM records WHERE status = 'done' ORDER BY rowid"))
+
+    def count_done(self) -> int:
+        """Number of finished records (lines of a repaired output)."""
+        return self.db.execute("SELECT count(*) FROM records WHERE status = 'done'").fetchone()[0]
+
+    def close(self) -> None:
+        """Close the database and release the lock."""
+        self.db.close()
+        self._lock.close()
+
+
+def rewrite_output(state: BackfillState, out: Path) -> int:
+    """Write the output afresh from the state table, atomically; returns the number of lines."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    count = 0
+    with tmp.open("w", encoding="utf-8") as sink:
+        for line in state.outputs():
+            sink.write(line + "\n")
+            count += 1
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(tmp, out)
+    return count
+
+
+def count_records(paths: list[Path]) -> int | None:
+    """A quick estimate of the number of input records (for the progress bar); None if unknown."""
+    total = 0
+    for path in map(Path, paths):
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            suffix = file.suffix.lower()
+            try:
+                if suffix in {".jsonl", ".ndjson"}:
+                    with file.open("rb") as handle:
+                        total += sum(1 for line in handle if line.strip())
+                elif suffix == ".csv":
+                    text = file.read_text(encoding="utf-8", errors="replace")
+                    total += max(sum(1 for row in csv.reader(io.StringIO(text)) if any(row)) - 1, 0)
+                elif suffix == ".json":
+                    data = json.loads(file.read_text(encoding="utf-8", errors="replace"))
+                    total += len(data) if isinstance(data, list) else 1
+                elif suffix == ".md":
+                    total += 1
+            except (OSError, ValueError, csv.Error):
+                return None
+    return total
+
+
+def backfill_engine(kb: KnowledgeBase) -> SuggestionEngine:
+    """An engine for a batch run: it retrieves the voting incidents as they were at the start.
+
+    The run's own machine-suggested additions never vote, so reloading the corpus after each
+    written-back batch would only cost time.
+    """
+    engine = SuggestionEngine(kb, retriever=VotingRetriever(kb, pinned=True))
+    engine.calibration
+    return engine
+
+
+def find_llm_stage(engine: SuggestionEngine, log: Log) -> tuple[Callable | None, str]:
+    """The LLM stage as ``f(ticket, suggestion) -> Suggestion``, and a note on what is used.
+
+    Looked up at run time in ``LLM_MODULE``; without it (or with ``llm: none``) there is no
+    LLM stage and the engine's suggestions are written as they are.
+    """
+    settings = engine.settings
+    if settings.llm == "none":
+        return None, "none"
+    try:
+        module = importlib.import_module(LLM_MODULE)
+    except ImportError as exc:
+        log(f"LLM stage skipped: llm is {settings.llm!r} but {LLM_MODULE} cannot be imported ({exc})")
+        return None, f"skipped ({LLM_MODULE} not available)"
+    try:
+        suggester = module.make_suggester(engine)
+    except Exception as exc:  # noqa: BLE001 - any set-up failure is reported the same way
+        raise BackfillError(f"the LLM stage ({settings.llm}) cannot start: {exc}. Fix the LLM "
+                            "settings, or run with PMKB_LLM=none") from exc
+    refine = getattr(suggester, "refine", None)
+    note = f"{settings.llm}:{settings.llm_model or 'default'}"
+    if callable(refine):
+        return refine, note
+    return (lambda ticket, suggestion: suggester.suggest(ticket)), note
+
+
+@dataclass
+class _Batch:
+    """Records of one batch on their way through the pipeline."""
+
+    prepared: list[tuple[PreparedTicket, Incident, str, bool]] = field(default_factory=list)
+    failed: list[tuple] = field(default_factory=list)  # state rows of records that failed early
+    replaced: bool = False  # a record already in the output is being replaced
+    size: int = 0  # input records it accounts for (for progress)
+    vectors: Future | None = None
+
+
+class Backfill:
+    """One backfill run of an engine over inputs into one output (see ``BackfillOptions``)."""
+
+    def __init__(self, engine: SuggestionEngine, options: BackfillOptions, log: Log | None = None,
+                 progress: Callable[[int], None] | None = None):
+        if options.write_back not in (None, *WRITE_BACK_TARGETS):
+            raise BackfillError(f"unknown write-back target {options.write_back!r}; "
+                                f"choose one of: {', '.join(WRITE_BACK_TARGETS)}")
+        if options.outbox and options.write_back not in ("github", "jira"):
+            raise BackfillError("--dry-run OUTBOX only applies to --write-back github or jira")
+        self.engine, self.options = engine, options
+        self.log = log or (lambda message: None)
+        self.progress = progress or (lambda n: None)
+        self.llm, llm_note = find_llm_stage(engine, self.log)
+        self.result = BackfillResult(llm=llm_note)
+        self.target = (f"{options.write_back}:dry-run" if options.outbox else options.write_back)
+        kb = engine.kb
+        self.engine_id = " ".join([f"pmkb-engine/{__version__}", kb.embedder.model_id, kb.taxonomy.name,
+                                   f"llm={llm_note if self.llm else 'none'}"])
+        self._seen: set[str] = set()
+        self._errors = None
+        self._rewrite = False
+
+    def run(self, inputs: list[Path]) -> BackfillResult:
+        """Annotate every input record not already done; returns the counts."""
+        from ingest import read_paths
+
+        started = time.perf_counter()
+        options = self.options
+        state = BackfillState(options.state_path())
+        try:
+            rewrite_output(state, options.out)  # repair whatever an interrupted run left behind
+            with options.errors_path().open("w", encoding="utf-8") as self._errors, \
+                    options.out.open("a", encoding="utf-8") as sink, \
+                    ThreadPoolExecutor(1, thread_name_prefix="embed") as embedding, \
+                    ThreadPoolExecutor(max(1, options.concurrency), thread_name_prefix="stage") as pool:
+                pending = None
+                try:
+                    for batch in self._batches(read_paths(inputs, options.csv_mapping), state):
+                        batch.vectors = embedding.submit(self._embed, batch)
+                        if pending is not None:  # finished while the next batch is being embedded
+                            self._finish(pending, state, sink, pool)
+                        pending = batch
+                    if pending is not None:
+                        self._finish(pending, state, sink, pool)
+                except _TooManyErrors as stop:
+                    self.result.stopped = str(stop)
+            if self._rewrite or self.result.stopped:
+                rewrite_output(state, options.out)
+            self.result.in_output = state.count_done()
+        finally:
+            state.close()
+        self.result.seconds = round(time.perf_counter() - started, 2)
+        return self.result
+
+    def _error(self, stage: str, message: str, record_id: str | None = None, source: str | None = None,
+               where: str | None = None) -> None:
+        entry = {"id": record_id, "file": source, "where": where, "stage": stage, "error": message,
+                 "action": ACTIONS[stage]}
+        self._errors.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self._errors.flush()
+        self.result.failed += 1
+
+    def _check_errors(self) -> None:
+        limit = self.options.max_errors
+        if limit is not None and self.result.failed > limit:
+            raise _TooManyErrors(
+                f"stopped: {self.result.failed} failed records, more than --max-errors {limit}. "
+                f"See {self.options.errors_path()}, fix the input and re-run: finished records are kept "
+                "and skipped")
+
+    def _batches(self, items: Iterable, state: BackfillState) -> Iterator[_Batch]:
+        from ingest import IngestError, IngestWarning
+
+        window: list[Incident] = []
+        for item in items:
+            if isinstance(item, IngestWarning):
+                self.log(f"warning: {item}")
+                continue
+            self.result.read += 1
+            if isinstance(item, IngestError):
+                self._error("input", item.message, source=item.file, where=item.where)
+                self.progress(1)
+                self._check_errors()
+            elif item.id in self._seen:
+                self._error("duplicate", f"id {item.id!r} appears more than once in the inputs",
+                            record_id=item.id, source=item.source)
+                self.progress(1)
+                self._check_errors()
+            else:
+                self._seen.add(item.id)
+                window.append(item)
+                if len(window) >= self.options.batch_size:
+                    batch = self._select(window, state)
+                    window = []
+                    if batch.size:
+                        yield batch
+        if window:
+            batch = self._select(window, state)
+            if batch.size:
+                yield batch
+
+    def _select(self, window: list[Incident], state: BackfillState) -> _Batch:
+        known = state.lookup([i.id for i in window])
+        batch = _Batch()
+        for incident in window:
+            digest = incident.content_hash()
+            previous = known.get(incident.id)
+            in_output = previous is not None and previous[2] == "done"
+            if in_output and previous[:2] == (digest, self.engine_id) and (
+                    self.target is None or previous[3] == self.target):
+                self.result.skipped += 1
+                self.progress(1)
+                continue
+            batch.size += 1
+            batch.replaced |= in_output
+            try:
+                batch.prepared.append((self.engine.prepare(incident), incident, digest, in_output))
+            except EmptyTicket as exc:
+                self._error("empty", str(exc), record_id=incident.id, source=incident.source)
+                batch.failed.append((incident.id, digest, self.engine_id, "failed", None, None, str(exc)))
+        return batch
+
+    def _embed(self, batch: _Batch):
+        vectors = embed_queries(self.engine.kb.embedder, [p.query for p, *_ in batch.prepared])
+        return vectors, self.engine.dense_candidates(vectors)
+
+    def _finish(self, batch: _Batch, state: BackfillState, sink, pool: ThreadPoolExecutor) -> None:
+        rows, lines, suggestions = list(batch.failed), [], []
+
+        def fail(stage: str, incident: Incident, digest: str, exc: Exception) -> None:
+            message = f"{type(exc).__name__}: {exc}"
+            self._error(stage, message, record_id=incident.id, source=incident.source)
+            rows.append((incident.id, digest, self.engine_id, "failed", None, None, message))
+
+        try:
+            vectors, pools = batch.vectors.result() if batch.prepared else ([], [])
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed to embed
+            for _, incident, digest, _ in batch.prepared:
+                fail("annotate", incident, digest, exc)
+            batch.prepared = []
+        for (prepared, incident, digest, in_output), vector, dense in zip(batch.prepared, vectors, pools):
+            try:
+                suggestion = self.engine.suggest_prepared(prepared, vector, exclude={incident.id}, dense=dense)
+                suggestions.append((prepared, incident, digest, in_output, suggestion))
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the run
+                fail("annotate", incident, digest, exc)
+        if self.llm is not None:
+            suggestions = self._stage(pool, "llm", suggestions, fail,
+                                      lambda p, i, s: self.llm(p.ticket, s))
+        if self.options.write_back == "kb":
+            suggestions = self._write_back_kb(suggestions, fail)
+        elif self.options.write_back:
+            suggestions = self._stage(pool, "write_back", suggestions, fail, self._write_back_ticket)
+        for _, incident, digest, in_output, suggestion in suggestions:
+            line = json.dumps(annotation_record(suggestion), ensure_ascii=False)
+            rows.append((incident.id, digest, self.engine_id, "done", line, self.target, None))
+            if not in_output:
+                lines.append(line + "\n")
+        state.commit(rows)  # the state first: output lines are only ever written for committed rows
+        sink.write("".join(lines))
+        sink.flush()
+        self._rewrite |= batch.replaced
+        self.result.annotated += len(suggestions)
+        if self.options.write_back in ("github", "jira"):
+            self.result.written_back += len(suggestions)
+        self.progress(batch.size)
+        self._check_errors()
+
+    def _stage(self, pool: ThreadPoolExecutor, stage: str, suggestions: list, fail, call) -> list:
+        futures = [pool.submit(call, prepared, incident, suggestion)
+                   for prepared, incident, _, _, suggestion in suggestions]
+        kept = []
+        for (prepared, incident, digest, in_output, suggestion), future in zip(suggestions, futures):
+            try:
+                outcome = future.result()
+            except Exception as exc:  # noqa: BLE001 - reported per record
+                fail(stage, incident, digest, exc)
+                continue
+            kept.append((prepared, incident, digest, in_output,
+                         outcome if isinstance(outcome, Suggestion) else suggestion))
+        return kept
+
+    def _write_back_ticket(self, prepared: PreparedTicket, incident: Incident, suggestion: Suggestion):
+        from kb.writeback import TicketRef, WriteBackError, write_back
+
+        ref = TicketRef(system=self.options.write_back, key=incident.id)
+        for attempt in range(3):
+            try:
+                return write_back(self.engine.settings, ref, suggestion, outbox=self.options.outbox)
+            except WriteBackError as exc:
+                if not exc.retryable or attempt == 2:
+                    raise
+                time.sleep(2 ** attempt)
+
+    def _write_back_kb(self, suggestions: list, fail) -> list:
+        """Add confident suggestions to the knowledge base as machine-suggested incidents."""
+        store = self.engine.kb.store
+        existing = store.incident_hashes([i.id for _, i, *_ in suggestions])
+        keep_human = {i for i in existing if (found := store.get_incident(i)) is not None
+                      and found.provenance != Provenance.machine_suggested}
+        incidents = [incident.model_copy(update={
+            "symptom": s.symptom, "root_cause": s.root_cause, "mitigation": s.mitigation,
+            "provenance": Provenance.machine_suggested})
+            for _, incident, _, _, s in suggestions if not s.abstained and incident.id not in keep_human]
+        if not incidents:
+            return suggestions
+        try:
+            report = self.engine.kb.add_incidents(incidents)
+            self.result.written_back += report.written
+        except Exception as exc:  # noqa: BLE001 - the batch's write-back failed: retried on re-run
+            for _, incident, digest, _, _ in suggestions:
+                fail("write_back", incident, digest, exc)
+            return []
+        for line in report.errors:
+            self.log(f"warning: {line}")
+        return suggestions
+
+
+class _TooManyErrors(RuntimeError):
+    """More records failed than --max-errors allows."""
+
+
+def run_backfill(engine: SuggestionEngine, inputs: list[Path], options: BackfillOptions,
+                 report: Path | None = None, log: Log | None = None,
+                 progress: Callable[[int], None] | None = None) -> BackfillResult:
+    """Run one backfill (see ``Backfill``), then write the report of the whole output to ``report``."""
+    from kb.report import read_records, write_report
+
+    result = Backfill(engine, options, log=log, progress=progress).run(inputs)
+    if report is not None:
+        run = {"annotated": result.annotated, "unchanged (skipped)": result.skipped, "failed": result.failed,
+               "written back": result.written_back, "LLM": result.llm}
+        write_report(read_records(options.out), engine.kb.taxonomy, report,
+                     title=f"Backfill report: {options.out.name}", run=run)
+    return result

@@ -1,0 +1,223 @@
+"""The chat page, driven headless with Streamlit's AppTest on a private copy of a built knowledge base."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kb.evidence import Evidence
+from kb.feedback import AUDIT_FILE
+from kb.knowledge import KnowledgeBase
+from kb.search import Retriever
+from kb.suggest import SuggestionEngine, Ticket
+
+from conftest import make_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the page's helpers (ui/) live beside app.py, outside the package
+    sys.path.insert(0, str(ROOT))
+
+from ui.card import apply_threshold  # noqa: E402
+from ui.highlight import escape_markdown, evidence_span, highlight_evidence, merge_spans, safe_link  # noqa: E402
+
+TIMEOUT = 120
+ECC_TICKET = {
+    "title": "Megatron run on gpu-h100-0417 crashed at step 48k",
+    "description": "Job 8812045 exited after 19h. Rank 211 raised RuntimeError: CUDA error: uncorrectable "
+                   "ECC error encountered. <script>alert('x')</script> *not bold* $x$",
+    "log": "NVRM: Xid (PCI:0000:9b:00): 94, pid=288113, name=python, Contained: CE User Channel",
+}
+VAGUE_TICKET = {"title": "something is off", "description": "zebra banana purple otter quantum"}
+
+
+@pytest.fixture(scope="module")
+def calibrated_home(_built_kb_dir, embedder, tmp_path_factory) -> Path:
+    """A built knowledge base with its classifier weights fitted, copied once per module."""
+    home = tmp_path_factory.mktemp("app") / "kb"
+    shutil.copytree(_built_kb_dir, home)
+    SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration
+    return home
+
+
+@pytest.fixture
+def app_home(calibrated_home, tmp_path, monkeypatch) -> Path:
+    """PMKB_HOME on a private copy; the page reads its settings afresh."""
+    from ui.resources import app_settings
+
+    home = tmp_path / "kb"
+    shutil.copytree(calibrated_home, home)
+    monkeypatch.setenv("PMKB_HOME", str(home))
+    app_settings.clear()
+    yield home
+    app_settings.clear()
+
+
+def open_app(page: str | None = None) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    assert not at.exception, at.exception
+    if page:
+        at.switch_page(page).run()
+        assert not at.exception, at.exception
+    return at
+
+
+def submit(at: AppTest, ticket: dict) -> AppTest:
+    at.text_input(key="ticket-title").set_value(ticket.get("title", ""))
+    at.text_area(key="ticket-description").set_value(ticket.get("description", ""))
+    at.text_area(key="ticket-log").set_value(ticket.get("log", ""))
+    if ticket.get("id"):
+        at.text_input(key="ticket-id").set_value(ticket["id"])
+    button(at, "Suggest").click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+def button(at: AppTest, label: str):
+    return next(b for b in at.button if b.label == label)
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def engine_for(home: Path, embedder) -> SuggestionEngine:
+    return SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder))
+
+
+def test_a_ticket_shows_the_engines_root_cause_with_evidence_highlighted(app_home, embedder):
+    expected = engine_for(app_home, embedder).suggest(Ticket(**ECC_TICKET))
+    assert not expected.abstained
+    at = submit(open_app(), ECC_TICKET)
+
+    text = markdown(at)
+    assert f"### {escape_markdown(expected.root_cause_name)}" in text
+    assert at.progress[0].value == round(expected.root_cause_confidence * 100)
+    assert "Next candidates" in text and "Retry safe" in text
+    assert "gpu\\-h100\\-0417" in text  # the suspect node
+    assert "#### Mitigations" in text and "#### Evidence" in text
+    assert not at.warning  # not abstained
+    ticket_html = at.html[0].proto.body
+    assert ticket_html.count("<mark") == len(expected.evidence) > 0
+    assert "<script>" not in ticket_html and "&#60;script&#62;" in ticket_html
+    labels = [e.label for e in at.expander]
+    assert any(expected.similar_incidents[0].id.replace("-", "\\-") in label for label in labels)
+    assert "Resolution" in text  # similar incidents open on their full record
+
+
+def test_an_unsure_engine_says_not_sure_and_the_slider_changes_what_is_shown(app_home):
+    at = submit(open_app(), VAGUE_TICKET)
+    assert at.warning and "Not sure" in at.warning[0].value
+    assert not at.progress
+
+    at.slider(key="abstain_threshold").set_value(0.0).run()
+    assert not at.warning and at.progress  # nothing is below a zero threshold
+    at.slider(key="abstain_threshold").set_value(1.0).run()
+    assert "Not sure" in at.warning[0].value
+
+
+def test_feedback_is_saved_audited_and_found_by_the_next_search(app_home, embedder):
+    ticket = {**ECC_TICKET, "id": "OPS-4242"}
+    at = submit(open_app(), ticket)
+    at.selectbox(key="fb-cause-1").set_value("gpu_lost")
+    at.text_input(key="fb-reviewer-1").set_value("Grace")
+    at.text_area(key="fb-resolution-1").set_value("GPU 3 fell off the bus; node drained.")
+    button(at, "Save as confirmed incident").click().run()
+    assert not at.exception, at.exception
+
+    assert "OPS\\-4242" in at.success[0].value and "Grace" in at.success[0].value
+    record = json.loads((app_home / AUDIT_FILE).read_text().splitlines()[-1])
+    assert (record["reviewer"], record["incident_id"], record["action"]) == ("Grace", "OPS-4242", "corrected")
+    assert record["new"]["root_cause"] == "gpu_lost" and "root_cause" in record["changed"]
+    hits = Retriever(KnowledgeBase(make_settings(app_home), embedder=embedder)).retrieve_similar(
+        Ticket(**ECC_TICKET).text(), k=3)
+    assert (hits[0].id, hits[0].provenance, hits[0].root_cause) == ("OPS-4242", "confirmed", "gpu_lost")
+
+    at = submit(at, {**ECC_TICKET, "id": "OPS-4243"})  # the page's own engine finds it too
+    assert "OPS\\-4242" in at.expander[1].label
+
+
+def test_a_follow_up_question_gets_the_retrieval_answer_without_a_model(app_home):
+    at = submit(open_app(), ECC_TICKET)
+    at.chat_input[0].set_value("Is it safe to resubmit?").run()
+    assert not at.exception, at.exception
+    roles = [m.name for m in at.chat_message]
+    assert roles == ["user", "assistant"]
+    answer = "\n".join(m.value for m in at.chat_message[1].markdown)
+    assert "No language model is configured" in answer
+    at.chat_input[0].set_value("Which node should be drained?").run()
+    assert [m.name for m in at.chat_message] == ["user", "assistant"] * 2
+
+
+def test_the_dashboard_renders_beside_the_published_split(app_home, shared_bundled_kb):
+    at = open_app("ui/dashboard_page.py")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Incidents"] == str(shared_bundled_kb.store.count())
+    split = at.dataframe[0].value
+    assert list(split["Platform-X"]) == ["28.33%", "28.33%", "43.34%"]
+    assert "Gao et al" in " ".join(c.value for c in at.caption)
+    assert len(at.get("vega_lite_chart")) == 5  # dimension, symptom, root cause, over time, provenance
+
+
+def test_browsing_filters_by_dimension_and_text(app_home, shared_bundled_kb):
+    total = shared_bundled_kb.store.count()
+    users = shared_bundled_kb.stats()["dimension"]["user"]
+    at = open_app("ui/incidents_page.py")
+    assert f"{total} of {total} incidents" in " ".join(c.value for c in at.caption)
+    at.multiselect(key="browse-dimension").set_value(["user"]).run()
+    assert f"{users} of {total} incidents" in " ".join(c.value for c in at.caption)
+    assert set(at.dataframe[0].value["dimension"]) == {"user"}
+    at.multiselect(key="browse-dimension").set_value([]).run()
+    at.text_input(key="browse-text").set_value("gpu-h100-0417 row remap").run()
+    assert list(at.dataframe[0].value["id"]) == ["hw-gpu-001"]
+    assert "row remap pending" in markdown(at)  # the chosen incident opens with its resolution
+
+
+def test_a_broken_configuration_is_named_on_the_page(app_home, monkeypatch, tmp_path):
+    monkeypatch.setenv("PMKB_TAXONOMY", str(tmp_path / "missing.yaml"))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    assert "pmkb cannot start" in at.error[0].value and "missing.yaml" in at.error[0].value
+
+
+def _evidence(text: str, start: int, end: int, line: str) -> Evidence:
+    return Evidence(signal="xid_79", text=line, category="gpu_lost", causes={"gpu_lost": 2.0},
+                    explanation="GPU fell off the bus", start=start, end=end)
+
+
+def test_evidence_offsets_are_used_or_the_line_is_found_again():
+    text = "job died\nNVRM: Xid 79, GPU has fallen off the bus\nbye"
+    start = text.index("Xid 79")
+    good = _evidence(text, start, start + 6, "NVRM: Xid 79, GPU has fallen off the bus")
+    assert evidence_span(text, good) == (start, start + 6)
+    shifted = _evidence(text, 0, 6, "...NVRM: Xid 79, GPU has fallen off the bus...")
+    assert evidence_span(text, shifted) == (text.index("NVRM"), text.index("\nbye"))
+    assert evidence_span(text, _evidence(text, 0, 3, "not in the ticket")) is None
+    body, marked = highlight_evidence(text, [good, shifted])
+    assert marked == 1 and body.count("<mark") == 1 and "\n" not in body  # overlaps merged
+    assert merge_spans([(5, 9, "b"), (0, 6, "a"), (20, 22, "c")]) == [(0, 9, "a; b"), (20, 22, "c")]
+
+
+def test_untrusted_text_is_escaped_and_only_web_links_are_linked():
+    assert escape_markdown("**x** <b> [a](javascript:1) $y$") == (
+        "\\*\\*x\\*\\* \\<b\\> \\[a\\]\\(javascript\\:1\\) \\$y\\$")
+    body, _ = highlight_evidence("<img src=x onerror=alert(1)> `code` # head", [])
+    assert "<img" not in body and "&#60;img" in body
+    assert "`code`" not in body and "# head" not in body and "&#35; head" in body
+    assert safe_link("https://github.com/org/repo/issues/7") == "https://github.com/org/repo/issues/7"
+    assert safe_link("javascript:alert(1)") is None and safe_link("pmkb-bundled") is None
+
+
+def test_the_threshold_is_applied_to_what_is_shown(shared_bundled_kb):
+    from kb.classify import Calibration
+
+    engine = SuggestionEngine(shared_bundled_kb, calibration=Calibration())
+    s = engine.suggest(Ticket(**ECC_TICKET))
+    assert not s.abstained and s.retry_safe == shared_bundled_kb.taxonomy.root_cause(s.root_cause).retry_safe
+    strict = apply_threshold(s, 1.0, shared_bundled_kb.taxonomy)
+    assert strict.abstained and not strict.retry_safe and strict.explanation.startswith("Not sure")
+    assert apply_threshold(strict, 0.0, shared_bundled_kb.taxonomy).retry_safe == s.retry_safe
+    assert apply_threshold(s, 0.0, shared_bundled_kb.taxonomy) is s

@@ -1,0 +1,64 @@
+"""The pmkb command line end to end, in subprocesses, on a temporary knowledge base."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import DEV_INCIDENTS, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def pmkb(*args, home, check=True):
+    proc = subprocess.run([sys.executable, "-m", "kb", "--kb", str(home), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"pmkb {args} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc
+
+
+def test_help_is_instant_and_lists_commands():
+    proc = subprocess.run([sys.executable, "-m", "kb", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "ingest" in proc.stdout and "suggest" in proc.stdout
+
+
+def test_ingest_twice_adds_nothing_the_second_time(tmp_path):
+    first = json.loads(pmkb("ingest", str(DEV_INCIDENTS), "--json", home=tmp_path).stdout)
+    total = sum(1 for line in DEV_INCIDENTS.read_text().splitlines() if line.strip())
+    assert first["added"] == total and first["failed"] == 0
+    second = json.loads(pmkb("ingest", str(DEV_INCIDENTS), "--json", home=tmp_path).stdout)
+    assert second["added"] == 0 and second["unchanged"] == total
+    stats = json.loads(pmkb("stats", "--json", home=tmp_path).stdout)
+    assert stats["incidents"] == total
+
+
+def test_partial_failure_exit_code_and_strict(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "ok", "title": "GPU lost", "root_cause": "gpu_lost"}\n{"id": "cut", "titl\n')
+    proc = pmkb("ingest", str(bad), home=tmp_path / "a", check=False)
+    assert proc.returncode == 1 and "line 2" in proc.stderr and "added 1" in proc.stdout
+    strict = pmkb("ingest", "--strict", str(bad), home=tmp_path / "b", check=False)
+    assert strict.returncode == 1 and "nothing was written" in strict.stderr
+
+
+def test_search_suggest_and_annotate(tmp_path):
+    hits = json.loads(pmkb("search", "NCCL watchdog timeout after InfiniBand port flap", "--json", "-k", "5",
+                           home=tmp_path).stdout)
+    assert len(hits) == 5 and hits[0]["score"] >= hits[-1]["score"]
+    assert any(h["root_cause"] in {"infiniband_failure", "network_switch_cable", "nic_failure"} for h in hits)
+    card = pmkb("suggest", "Xid 79 GPU has fallen off the bus on node gpu-a3", home=tmp_path).stdout
+    assert "gpu_lost" in card and "mitigations:" in card
+    tickets = tmp_path / "in.jsonl"
+    tickets.write_text("\n".join(json.dumps({"id": f"t{n}", "title": t, "description": d, "root_cause": "x"})
+                                 for n, (t, d) in enumerate([("OOM", "Exit Code: 137 OOMKilled"),
+                                                             ("import", "No module named 'apex'")])))
+    out = tmp_path / "out.jsonl"
+    pmkb("annotate", str(tickets), "--out", str(out), home=tmp_path)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["t0", "t1"]
+    required = {"id", "symptom", "symptom_confidence", "root_cause", "root_cause_dimension",
+                "root_cause_confidence", "root_cause_candidates", "mitigation", "mitigations",
+                "similar_incidents", "evidence", "abstained", "retry_safe"}
+    assert required <= set(records[0]) and records[1]["root_cause"] == "environment_dependency"

@@ -1,0 +1,73 @@
+"""Signatures are data: every one is tested on its own examples; loader errors name the signature."""
+
+import pytest
+import yaml
+
+from kb.evidence import find_evidence, find_suspect, load_signatures
+from kb.settings import DATA_DIR
+from kb.taxonomy import TaxonomyError, load_low_util_taxonomy, load_taxonomy
+
+TAX = load_taxonomy(DATA_DIR / "taxonomy.yaml")
+LOW = load_low_util_taxonomy(DATA_DIR / "low_gpu_utilisation.yaml")
+SIGNATURES = load_signatures(DATA_DIR / "signatures.yaml", TAX, LOW)
+
+
+@pytest.mark.parametrize("sig", SIGNATURES, ids=lambda s: s.id)
+def test_signature_matches_its_examples_only(sig):
+    assert sig.examples, f"{sig.id} has no example"
+    for line in sig.examples:
+        assert sig.compiled().search(line), f"{sig.id} misses its example {line!r}"
+    for line in sig.counter_examples:
+        assert not sig.compiled().search(line), f"{sig.id} fires on counter-example {line!r}"
+
+
+def test_required_signals_are_covered():
+    cases = {
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.": "gpu_lost",
+        "NVRM: Xid (PCI:0000:18:00): 48, pid=7, An uncorrectable double bit error (DBE) has been detected": "gpu_memory_error",
+        "NVRM: Xid (PCI:0000:86:00): 74, pid=3, NVLink: fatal error detected on link 2": "gpu_nvlink_error",
+        "NVRM: Xid (PCI:0000:c1:00): 119, pid=9, Timeout waiting for RPC from GSP!": "gpu_processor_fault",
+        "Reason: OOMKilled, Exit Code: 137": "improper_configuration",
+        "ModuleNotFoundError: No module named 'flash_attn'": "environment_dependency",
+        "slurmstepd: error: *** JOB 1 ON gpu-3 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***": "policy_violation",
+        "NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4242> with error 12, opcode 0, len 0": "infiniband_failure",
+    }
+    for line, cause in cases.items():
+        found = find_evidence(line, SIGNATURES)
+        assert found and cause in found[0].causes, (line, [e.signal for e in found])
+
+
+def test_evidence_keeps_the_span_and_line():
+    text = "job started\nRuntimeError: CUDA error: an illegal memory access was encountered\nbye"
+    found = find_evidence(text, SIGNATURES)
+    assert found
+    assert "illegal memory access" in found[0].text
+    assert text[found[0].start:found[0].end].lower() in text.lower()
+
+
+def test_plain_text_has_no_evidence():
+    assert find_evidence("Could you please add me to the weekly newsletter?", SIGNATURES) == []
+
+
+def test_bad_signature_file_names_the_signature(tmp_path):
+    raw = yaml.safe_load((DATA_DIR / "signatures.yaml").read_text())
+    raw["signatures"][2]["causes"] = {"gremlins": 1.0}
+    path = tmp_path / "sig.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(TaxonomyError, match=rf"{raw['signatures'][2]['id']}.*unknown root cause 'gremlins'"):
+        load_signatures(path, TAX, LOW)
+    raw["signatures"][2]["causes"] = {"gpu_lost": 1.0}
+    raw["signatures"][2]["pattern"] = "(unclosed"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(TaxonomyError, match=raw["signatures"][2]["id"]):
+        load_signatures(path, TAX, LOW)
+
+
+@pytest.mark.parametrize("text,node,gpu", [
+    ("Xid 79 on node gpu-a17 again", "gpu-a17", None),
+    ("dgx-042: GPU 3 fell off the bus", "dgx-042", "3"),
+    ("nothing to see here", None, None),
+])
+def test_suspect_node_and_gpu(text, node, gpu):
+    suspect = find_suspect(text) or {}
+    assert suspect.get("node") == node and suspect.get("gpu") == gpu

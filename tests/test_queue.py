@@ -1,0 +1,166 @@
+"""The durable event queue: dedup, claim, retry with backoff, dead-letter, recovery, the worker."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from kb.queue import EventQueue, PermanentError, Worker
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_queue(tmp_path, clock=None, **kw) -> EventQueue:
+    return EventQueue(tmp_path / "queue.sqlite3", clock=clock or Clock(), **kw)
+
+
+def add(queue: EventQueue, delivery: str, ticket: str = "o/r#1") -> int:
+    event_id, created = queue.enqueue("github", delivery, ticket, {"ticket": {"title": delivery}}, "h-" + delivery)
+    assert created
+    return event_id
+
+
+def test_database_is_wal_and_redelivery_is_not_queued_twice(tmp_path):
+    queue = make_queue(tmp_path)
+    first = add(queue, "d-1")
+    again, created = queue.enqueue("github", "d-1", "o/r#1", {"ticket": {}})
+    assert (again, created) == (first, False)
+    other_source, created = queue.enqueue("jira", "d-1", "OPS-1", {"ticket": {}})
+    assert created and other_source != first
+    assert queue.counts() == {"queued": 2, "claimed": 0, "done": 0, "dead": 0}
+    with sqlite3.connect(queue.path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_claim_takes_the_oldest_due_event_once(tmp_path):
+    queue = make_queue(tmp_path)
+    ids = [add(queue, f"d-{n}") for n in range(3)]
+    event = queue.claim()
+    assert event.id == ids[0] and event.status == "claimed" and event.attempts == 1
+    assert event.payload == {"ticket": {"title": "d-0"}} and event.content_hash == "h-d-0"
+    assert [queue.claim().id, queue.claim().id, queue.claim()] == [ids[1], ids[2], None]
+    queue.complete(ids[0], {"comment": "created"})
+    done = queue.get(ids[0])
+    assert done.status == "done" and done.result == {"comment": "created"}
+    assert queue.last_done_hash("o/r#1") == "h-d-0" and queue.last_done_hash("o/r#2") is None
+
+
+def test_failures_back_off_exponentially_then_dead_letter(tmp_path):
+    clock = Clock()
+    queue = make_queue(tmp_path, clock, max_attempts=3, backoff=10.0)
+    event_id = add(queue, "d-1")
+    assert queue.fail(queue.claim().id, "HTTP 502") == "queued"
+    assert queue.claim() is None and queue.next_due_in() == pytest.approx(10.0)
+    clock.now += 10
+    assert queue.claim().attempts == 2
+    assert queue.fail(event_id, "HTTP 502") == "queued"
+    clock.now += 19.9
+    assert queue.claim() is None  # the second delay is twice the first
+    clock.now += 0.1
+    assert queue.claim().attempts == 3
+    assert queue.fail(event_id, "HTTP 502 again") == "dead"
+    dead = queue.get(event_id)
+    assert dead.status == "dead" and dead.last_error == "HTTP 502 again"
+    assert queue.claim() is None and queue.next_due_in() is None
+    assert queue.retry_dead() == 1 and queue.claim().attempts == 1
+
+
+def test_permanent_failure_is_dead_at_once(tmp_path):
+    queue = make_queue(tmp_path, max_attempts=5)
+    event_id = add(queue, "d-1")
+    queue.claim()
+    assert queue.fail(event_id, "HTTP 404", permanent=True) == "dead"
+    assert queue.counts()["dead"] == 1
+
+
+def test_claimed_events_of_a_dead_process_are_claimed_again(tmp_path):
+    clock = Clock()
+    crashed = make_queue(tmp_path, clock, max_attempts=2)
+    in_hand, last_try = add(crashed, "d-1"), add(crashed, "d-2")
+    crashed.claim()
+    crashed.fail(crashed.claim().id, "timeout")  # d-2: attempt 1 failed
+    clock.now += 100
+    assert crashed.claim().id == last_try  # d-2: attempt 2 (the last) in hand when the process dies
+    waiting = add(crashed, "d-3")
+    restarted = make_queue(tmp_path, clock, max_attempts=2)  # a new process on the same file
+    assert restarted.recover() == 1
+    assert restarted.get(last_try).status == "dead"
+    again = restarted.claim()
+    assert again.id == in_hand and again.attempts == 2
+    assert restarted.claim().id == waiting
+
+
+def test_concurrent_claims_never_share_an_event(tmp_path):
+    queue = EventQueue(tmp_path / "queue.sqlite3")
+    for n in range(60):
+        queue.enqueue("github", f"d-{n}", f"o/r#{n}", {})
+    claimed, lock = [], threading.Lock()
+
+    def drain():
+        while (event := queue.claim()) is not None:
+            with lock:
+                claimed.append(event.id)
+
+    threads = [threading.Thread(target=drain) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claimed) == 60 and len(set(claimed)) == 60
+
+
+def test_worker_handles_retries_and_dead_letters(tmp_path):
+    queue = EventQueue(tmp_path / "queue.sqlite3", max_attempts=3, backoff=0.05)
+    calls: dict[str, int] = {}
+    outcomes = []
+
+    def handler(event):
+        name = event.payload["name"]
+        calls[name] = calls.get(name, 0) + 1
+        if name == "flaky" and calls[name] < 2:
+            raise ConnectionError("connection reset")
+        if name == "broken":
+            raise RuntimeError("always fails")
+        if name == "unknown":
+            raise PermanentError("HTTP 404: no such issue")
+        return {"handled": name}
+
+    worker = Worker(queue, handler, poll=0.05, on_outcome=lambda e, outcome, s: outcomes.append(outcome))
+    for name in ("ok", "flaky", "broken", "unknown"):
+        queue.enqueue("github", name, f"o/r#{name}", {"name": name})
+    worker.start()
+    deadline = time.time() + 10
+    while queue.counts()["done"] + queue.counts()["dead"] < 4 and time.time() < deadline:
+        time.sleep(0.02)
+    worker.stop()
+    assert not worker.alive
+    by_name = {e.payload["name"]: e for e in queue.events()}
+    assert by_name["ok"].status == "done" and by_name["ok"].result == {"handled": "ok"}
+    assert by_name["flaky"].status == "done" and by_name["flaky"].attempts == 2
+    assert by_name["broken"].status == "dead" and calls["broken"] == 3
+    assert "RuntimeError: always fails" in by_name["broken"].last_error
+    assert by_name["unknown"].status == "dead" and calls["unknown"] == 1
+    assert sorted(outcomes) == sorted(["done", "retry", "done", "retry", "retry", "dead", "dead"])
+
+
+def test_worker_wakes_on_notify(tmp_path):
+    queue = EventQueue(tmp_path / "queue.sqlite3")
+    seen = threading.Event()
+    worker = Worker(queue, lambda e: seen.set() or {}, poll=30)
+    worker.start()
+    time.sleep(0.1)  # the worker is now waiting with a long poll
+    queue.enqueue("github", "d-1", "o/r#1", {})
+    worker.notify()
+    assert seen.wait(5)
+    worker.stop()

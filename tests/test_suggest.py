@@ -1,0 +1,81 @@
+"""The engine's suggestions: labels from the taxonomy, evidence, abstention, mitigations."""
+
+import pytest
+
+from kb.suggest import EmptyTicket, SuggestionEngine, Ticket
+from kb.incidents import Incident
+
+
+@pytest.fixture(scope="module")
+def engine(shared_bundled_kb):
+    return SuggestionEngine(shared_bundled_kb)
+
+
+def test_fallen_off_the_bus_ticket(engine):
+    s = engine.suggest(Ticket(id="t1", title="training died on gpu-b07",
+                              description="dmesg: NVRM: Xid (PCI:0000:3b:00): 79, pid=4411, GPU has fallen off "
+                                          "the bus. nvidia-smi now shows 7 GPUs."))
+    assert s.root_cause == "gpu_lost" and s.root_cause_dimension == "hardware"
+    assert any(e.signal.startswith("xid_79") or "bus" in e.signal for e in s.evidence)
+    assert s.suspect and s.suspect["node"] == "gpu-b07"
+    assert s.retry_safe and "node_repair" in [m.id for m in s.mitigations[:2]]
+
+
+def test_oom_killed_ticket_is_user_configuration(engine):
+    s = engine.suggest(Ticket(title="pod keeps dying", description="kubectl describe: Last State: Terminated, "
+                              "Reason: OOMKilled, Exit Code: 137. The container memory limit is 8Gi."))
+    assert s.root_cause == "improper_configuration" and s.root_cause_dimension == "user"
+    assert not s.retry_safe
+
+
+def test_probabilities_are_ranked_and_labels_valid(engine):
+    s = engine.suggest(Ticket(title="NCCL timeout", description="Watchdog caught collective operation "
+                              "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 1800000 milliseconds"))
+    tax = engine.kb.taxonomy
+    probs = [c.confidence for c in s.root_cause_candidates]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+    assert all(c.id in tax.cause_ids for c in s.root_cause_candidates)
+    assert s.symptom in tax.symptom_ids and s.mitigation in tax.mitigation_ids
+    assert s.root_cause_confidence == probs[0] and len(s.similar_incidents) == 5
+    assert {h.id for h in s.similar_incidents} <= {i.id for i in engine.retriever._load().incidents}
+
+
+def test_abstains_under_the_threshold(shared_bundled_kb):
+    strict = shared_bundled_kb.settings.model_copy(update={"abstain_threshold": 0.999})
+    from kb.knowledge import KnowledgeBase
+
+    kb = KnowledgeBase(strict, embedder=shared_bundled_kb.embedder)
+    s = SuggestionEngine(kb).suggest(Ticket(title="something is odd", description="my job behaves strangely"))
+    assert s.abstained and not s.retry_safe and "Not sure" in s.explanation
+
+
+def test_labels_of_the_input_are_never_read(engine):
+    base = dict(id="x", title="ImagePullBackOff", description="Failed to pull image: pull access denied")
+    plain = engine.suggest(Incident(**base))
+    lying = engine.suggest(Incident(**base, root_cause="gpu_lost", symptom="data_loss", mitigation="node_repair"))
+    assert plain.root_cause == lying.root_cause and plain.root_cause_confidence == lying.root_cause_confidence
+
+
+def test_slowdown_ticket_gets_low_utilisation_hints(engine):
+    s = engine.suggest(Ticket(title="training is slow, GPU utilization 15%",
+                              description="nvidia-smi shows GPU util 10-20% all the time; DataLoader num_workers=0"))
+    assert s.low_gpu_utilisation
+    assert {h.id for h in s.low_gpu_utilisation} <= {c.id for c in engine.low_util.categories}
+
+
+def test_empty_ticket_is_refused(engine):
+    with pytest.raises(EmptyTicket, match="no title, description or log"):
+        engine.suggest(Ticket(id="empty", title="  ", description="\n"))
+
+
+def test_huge_ticket_still_finds_evidence_at_the_end(engine):
+    log = "step ok\n" * 200_000 + "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, DBE (double bit error) detected"
+    s = engine.suggest(Ticket(title="job crashed", description="see log", log=log))
+    assert any("gpu_memory_error" in e.causes for e in s.evidence)
+
+
+def test_secrets_in_the_ticket_do_not_reach_the_output(engine):
+    s = engine.suggest(Ticket(title="401 from registry", description="docker login -p Sup3rSecret! failed for "
+                              "bob@example.com: unauthorized: authentication required"))
+    dumped = s.model_dump_json()
+    assert "Sup3rSecret!" not in dumped and "bob@example.com" not in dumped

@@ -1,0 +1,164 @@
+"""The suggestion card and incident details, rendered with Streamlit."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kb.incidents import Incident
+from kb.store import ChromaStore
+from kb.suggest import Suggestion, explain
+from kb.taxonomy import Taxonomy
+from ui.highlight import escape_markdown as md
+from ui.highlight import safe_link
+
+DIMENSION_COLOURS = {"hardware": "red", "platform": "blue", "user": "violet"}
+
+
+def apply_threshold(suggestion: Suggestion, threshold: float, taxonomy: Taxonomy) -> Suggestion:
+    """The suggestion as shown under another abstain threshold (abstained and retry_safe redone)."""
+    abstained = suggestion.root_cause_confidence < threshold
+    if abstained == suggestion.abstained:
+        return suggestion
+    cause_safe = (taxonomy.root_cause(suggestion.root_cause).retry_safe
+                  if suggestion.root_cause in taxonomy.cause_ids else False)
+    shown = suggestion.model_copy(update={"abstained": abstained,
+                                          "retry_safe": cause_safe and not abstained})
+    shown.explanation = explain(shown)
+    return shown
+
+
+def _name(taxonomy: Taxonomy, kind: str, label: str | None) -> str:
+    if not label:
+        return "-"
+    try:
+        return getattr(taxonomy, kind)(label).name
+    except KeyError:
+        return label
+
+
+def label_line(taxonomy: Taxonomy, symptom: str | None, cause: str | None,
+               mitigation: str | None) -> str:
+    """Symptom, root cause (with dimension) and mitigation as one escaped markdown line."""
+    dimension = taxonomy.dimension_of(cause) if cause in taxonomy.cause_ids else None
+    return (f"**Symptom** {md(_name(taxonomy, 'symptom', symptom))} · "
+            f"**Root cause** {md(_name(taxonomy, 'root_cause', cause))}"
+            + (f" ({md(dimension)})" if dimension else "")
+            + f" · **Mitigation** {md(_name(taxonomy, 'mitigation', mitigation))}")
+
+
+def render_incident(incident: Incident, taxonomy: Taxonomy) -> None:
+    """Labels, description, resolution and source of a stored incident."""
+    st.markdown(label_line(taxonomy, incident.symptom, incident.root_cause, incident.mitigation))
+    when = f"{incident.created_at:%Y-%m-%d}" if incident.created_at else "undated"
+    link = safe_link(incident.source)
+    source = f"[{md(incident.source)}]({link})" if link else md(incident.source or "unknown source")
+    st.caption(f"{md(incident.id)} · {when} · {md(incident.provenance.value)} · source: {source}")
+    st.markdown("**Description**")
+    st.markdown(md(incident.description) or "_none_")
+    st.markdown("**Resolution**")
+    st.markdown(md(incident.resolution) or "_not recorded_")
+
+
+def _verdict(s: Suggestion, threshold: float) -> None:
+    dimension = s.root_cause_dimension
+    if s.abstained:
+        st.warning(f"**Not sure.** The best guess, {md(s.root_cause_name)} ({md(dimension)}), has "
+                   f"{s.root_cause_confidence:.0%} confidence, below the abstain threshold of "
+                   f"{threshold:.0%}. Read the evidence and similar incidents before acting, and "
+                   "record the real cause below once it is known.", icon=":material/help:")
+        return
+    st.caption("Root cause")
+    st.markdown(f"### {md(s.root_cause_name)}")
+    st.badge(dimension, color=DIMENSION_COLOURS.get(dimension, "gray"))
+    st.caption(f"`{s.root_cause}`")
+    st.progress(min(max(s.root_cause_confidence, 0.0), 1.0),
+                text=f"confidence {s.root_cause_confidence:.0%}")
+
+
+def _candidates(s: Suggestion, taxonomy: Taxonomy) -> None:
+    others = s.root_cause_candidates[1:3]
+    if not others:
+        return
+    items = []
+    for c in others:
+        dim = taxonomy.dimension_of(c.id) if c.id in taxonomy.cause_ids else "?"
+        items.append(f"{md(_name(taxonomy, 'root_cause', c.id))} ({md(dim)}) {c.confidence:.0%}")
+    st.markdown("**Next candidates:** " + " · ".join(items))
+
+
+def _safety(s: Suggestion) -> None:
+    left, right = st.columns(2)
+    left.markdown("**Retry safe:** " + ("yes, resubmit" if s.retry_safe else "no, find the cause first"))
+    if s.suspect:
+        right.markdown("**Suspect:** " + ", ".join(f"{md(k)} **{md(v)}**" for k, v in s.suspect.items()))
+    else:
+        right.markdown("**Suspect:** none named")
+
+
+def _mitigations(s: Suggestion, taxonomy: Taxonomy) -> None:
+    st.markdown("#### Mitigations")
+    for rank, step in enumerate(s.mitigations, 1):
+        seen = (f" (as in {', '.join(md(i) for i in step.from_incidents)})" if step.from_incidents else "")
+        st.markdown(f"{rank}. **{md(_name(taxonomy, 'mitigation', step.id))}** {step.confidence:.0%}"
+                    f"{seen}  \n{md(step.next_step)}")
+
+
+def _evidence(s: Suggestion) -> None:
+    if not s.evidence:
+        st.caption("No known log signature in the ticket.")
+        return
+    st.markdown("#### Evidence")
+    for item in s.evidence[:8]:
+        pointer = f" → {md(item.category)}" if item.category else ""
+        st.markdown(f"- `{item.signal}`{pointer}: {md(item.explanation)}  \n  {md(item.text)}")
+
+
+def _low_util(s: Suggestion) -> None:
+    if not s.low_gpu_utilisation:
+        return
+    lines = "\n".join(f"- **{md(h.name)}**: {md(h.fix)}" for h in s.low_gpu_utilisation)
+    st.info("**Low GPU utilisation: check these**\n\n" + lines, icon=":material/speed:")
+
+
+def _similar(s: Suggestion, taxonomy: Taxonomy, store: ChromaStore) -> None:
+    st.markdown("#### Similar past incidents")
+    if not s.similar_incidents:
+        st.caption("None in the knowledge base.")
+    for hit in s.similar_incidents:
+        label = (f"{hit.score:.2f} · {hit.id} · {hit.title[:90]} · "
+                 f"{hit.root_cause or 'unlabelled'}")
+        with st.expander(md(label)):
+            incident = store.get_incident(hit.id)
+            if incident is None:
+                st.caption("This incident is no longer in the knowledge base.")
+            else:
+                render_incident(incident, taxonomy)
+
+
+def render_card(shown: Suggestion, taxonomy: Taxonomy, store: ChromaStore, threshold: float) -> None:
+    """The whole suggestion card (the suggestion already has the shown threshold applied)."""
+    with st.container(border=True):
+        _verdict(shown, threshold)
+        _candidates(shown, taxonomy)
+        st.markdown(f"**Symptom:** {md(_name(taxonomy, 'symptom', shown.symptom))} "
+                    f"{shown.symptom_confidence:.0%}")
+        _safety(shown)
+    _low_util(shown)
+    _mitigations(shown, taxonomy)
+    _evidence(shown)
+    _similar(shown, taxonomy, store)
+    st.caption(md(shown.explanation))
+    st.caption(md(trace_line(shown.trace)))
+
+
+def trace_line(trace: dict) -> str:
+    """Engine, model and timing of a suggestion in one line."""
+    llm = trace.get("llm")
+    if isinstance(llm, dict):
+        llm = "/".join(str(llm[k]) for k in ("backend", "model") if llm.get(k))
+    parts = [trace.get("engine"), f"LLM {llm}" if llm else "no LLM", trace.get("embedding_model")]
+    if trace.get("latency_ms") is not None:
+        parts.append(f"{trace['latency_ms']:.0f} ms")
+    if trace.get("llm_failed"):
+        parts.append(f"the model failed ({trace.get('llm_error') or 'no answer'}): labels are the engine's")
+    return " · ".join(str(p) for p in parts if p)

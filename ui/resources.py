@@ -1,0 +1,132 @@
+"""What the pages share: settings, embedder, engine and model loaded once per process, the sidebar."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from kb.embedding import Embedder, make_embedder
+from kb.incidents import Incident
+from kb.knowledge import KnowledgeBase
+from kb.llm_suggest import make_suggester
+from kb.settings import Settings, load_settings
+from kb.store import StoreModelMismatch
+from kb.suggest import SuggestionEngine, Ticket
+from kb.taxonomy import TaxonomyError
+
+THRESHOLD_KEY = "abstain_threshold"
+"""Session-state key of the sidebar's abstain-threshold slider."""
+WARM_UP = Ticket(id="warm-up", title="warm up",
+                 description="NCCL watchdog timeout on node gpu-a001, Xid 79 in dmesg")
+
+
+@dataclass
+class Loaded:
+    """Everything a page works with, shared by all sessions of this process."""
+
+    settings: Settings
+    engine: SuggestionEngine
+    suggester: object  # has .suggest(ticket) -> Suggestion: the LLM layer, or the engine itself
+    llm_note: str  # what produces suggestions, in words
+    lock: threading.Lock  # held while feedback writes to the knowledge base
+
+    @property
+    def generator(self):
+        """The chat model for follow-ups, or None without one."""
+        return getattr(self.suggester, "generator", None)
+
+    @property
+    def kb(self) -> KnowledgeBase:
+        """The knowledge base behind the engine."""
+        return self.engine.kb
+
+
+@st.cache_resource(show_spinner=False)
+def app_settings() -> Settings:
+    """Settings from defaults, PMKB_CONFIG and PMKB_* variables, read once per process."""
+    return load_settings()
+
+
+@st.cache_resource(show_spinner="Loading the embedding model ...")
+def load_embedder(_settings: Settings, backend: str, model: str, device: str) -> Embedder:
+    """The embedding model (the arguments after settings only key the cache)."""
+    return make_embedder(_settings)
+
+
+def _settings_key(settings: Settings) -> str:
+    return settings.model_dump_json()
+
+
+def _describe_model(suggester: object, settings: Settings) -> str:
+    if settings.llm == "none":
+        return "none: suggestions come from retrieval and evidence (no LLM configured)"
+    note = f"{settings.llm}: {settings.llm_model or 'default model'}"
+    problem = getattr(suggester, "setup_error", None)
+    return f"{note} (unavailable: {problem}; the engine answers alone)" if problem else note
+
+
+@st.cache_resource(show_spinner="Opening the knowledge base and warming up the engine ...")
+def load_everything(_settings: Settings, key: str) -> Loaded:
+    """Open (and if empty, build) the knowledge base, the engine and the model, once per process."""
+    embedder = load_embedder(_settings, _settings.embedder, _settings.embedding_model,
+                             _settings.embedding_device)
+    kb = KnowledgeBase(_settings, embedder=embedder)
+    kb.ensure_built()
+    engine = SuggestionEngine(kb)
+    engine.calibration
+    engine.suggest(WARM_UP)  # loads the model weights, lexical index and taxonomy vectors now
+    suggester = make_suggester(engine)
+    return Loaded(settings=_settings, engine=engine, suggester=suggester,
+                  llm_note=_describe_model(suggester, _settings), lock=threading.Lock())
+
+
+def loaded() -> Loaded:
+    """The shared resources; on a configuration problem, show what to fix and stop the page."""
+    try:
+        settings = app_settings()
+        return load_everything(settings, _settings_key(settings))
+    except (TaxonomyError, StoreModelMismatch, ValueError, ImportError, OSError) as exc:
+        st.error(f"pmkb cannot start: {exc}")
+        st.stop()
+
+
+def kb_fingerprint(kb: KnowledgeBase) -> tuple[int, float]:
+    """Changes whenever incidents are written: the count and the store file's modification time."""
+    sqlite = Path(kb.settings.store_dir) / "chroma.sqlite3"
+    mtime = sqlite.stat().st_mtime if not kb.settings.chroma_url and sqlite.exists() else 0.0
+    return kb.store.count(), mtime
+
+
+@st.cache_resource(show_spinner="Reading incidents ...", max_entries=4)
+def _incidents(_kb: KnowledgeBase, key: str, fingerprint: tuple[int, float]) -> list[Incident]:
+    return _kb.store.incidents()
+
+
+def all_incidents(kb: KnowledgeBase) -> list[Incident]:
+    """Every stored incident, read again only when the knowledge base changed (do not mutate)."""
+    return _incidents(kb, _settings_key(kb.settings), kb_fingerprint(kb))
+
+
+def abstain_threshold(settings: Settings) -> float:
+    """The abstain threshold chosen in the sidebar (the configured one until it is moved)."""
+    return float(st.session_state.get(THRESHOLD_KEY, settings.abstain_threshold))
+
+
+def render_sidebar(res: Loaded) -> None:
+    """Knowledge base and model in use, and the abstain threshold applied to what is shown."""
+    kb, settings = res.kb, res.settings
+    with st.sidebar:
+        st.subheader("Knowledge base")
+        st.metric("Incidents", kb.store.count())
+        st.caption(f"Location: `{kb.store.location}`")
+        st.caption(f"Embedding model: `{kb.embedder.model_id}`")
+        st.caption(f"Taxonomy: `{kb.taxonomy.name}`")
+        st.subheader("Model")
+        st.caption(f"LLM: {res.llm_note}")
+        st.subheader("Suggestions")
+        st.slider("Abstain threshold", min_value=0.0, max_value=1.0, step=0.05,
+                  value=float(settings.abstain_threshold), key=THRESHOLD_KEY,
+                  help="A root cause whose confidence is below this is shown as 'not sure'.")

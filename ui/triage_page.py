@@ -1,0 +1,155 @@
+"""Triage page: paste a ticket, read the suggestion, ask follow-ups, confirm or correct the labels."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from kb.chat import answer_followup
+from kb.feedback import FeedbackError, LabelSet, incident_id_for, save_feedback
+from kb.redact import redact
+from kb.suggest import EmptyTicket, Suggestion, Ticket
+from ui.card import apply_threshold, render_card
+from ui.highlight import escape_markdown as md
+from ui.highlight import highlight_evidence
+from ui.resources import Loaded, abstain_threshold, loaded
+
+RESULT = "triage"  # session-state key: the ticket, its suggestion, chat history, saved feedback
+
+
+def _suggest(res: Loaded, ticket: Ticket) -> Suggestion:
+    try:
+        return res.suggester.suggest(ticket)
+    except EmptyTicket:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model failed; the engine still answers
+        if res.suggester is res.engine:
+            raise
+        st.warning(f"The LLM could not answer ({exc}); showing the retrieval engine's suggestion.")
+        return res.engine.suggest(ticket)
+
+
+def _ticket_form(res: Loaded) -> None:
+    with st.form("ticket"):
+        title = st.text_input("Title", key="ticket-title", placeholder="e.g. 64-node pretrain crashed at step 48k")
+        description = st.text_area("Description", height=180, key="ticket-description",
+                                   placeholder="What happened, job id, nodes, what was tried")
+        log = st.text_area("Log excerpt (optional)", height=110, key="ticket-log",
+                           placeholder="Paste the error lines: Xid, NCCL, Traceback, dmesg ...")
+        ticket_id = st.text_input("Ticket id (optional)", key="ticket-id", placeholder="e.g. OPS-1234")
+        submitted = st.form_submit_button("Suggest", type="primary", icon=":material/troubleshoot:")
+    if not submitted:
+        return
+    ticket = Ticket(title=title, description=description, log=log)
+    ticket = ticket.model_copy(update={"id": ticket_id.strip() or incident_id_for(ticket)})
+    started = time.perf_counter()
+    try:
+        with st.spinner("Looking for similar incidents and evidence ..."):
+            suggestion = _suggest(res, ticket)
+    except EmptyTicket:
+        st.warning("Paste a title, a description or a log excerpt first.")
+        return
+    previous = st.session_state.get(RESULT)
+    st.session_state[RESULT] = {"ticket": ticket, "suggestion": suggestion, "chat": [], "saved": None,
+                                "seconds": time.perf_counter() - started,
+                                "round": (previous["round"] + 1) if previous else 1}
+
+
+def _ticket_text(result: dict, shown: Suggestion) -> None:
+    text = redact(result["ticket"].text())
+    body, marked = highlight_evidence(text, shown.evidence)
+    with st.expander(f"Ticket text ({marked} evidence line{'s' if marked != 1 else ''} highlighted)",
+                     expanded=True):
+        st.html(body)
+
+
+def _feedback(res: Loaded, result: dict) -> None:
+    tax = res.kb.taxonomy
+    s: Suggestion = result["suggestion"]
+    n = result["round"]
+    saved = result.get("saved")
+    with st.expander("Accept or correct the labels", expanded=saved is None, icon=":material/rule:"):
+        with st.form(f"feedback-{n}"):
+            c1, c2, c3 = st.columns(3)
+            symptom = c1.selectbox("Symptom", tax.symptom_ids, key=f"fb-symptom-{n}",
+                                   index=_index(tax.symptom_ids, s.symptom),
+                                   format_func=lambda i: f"{tax.symptom(i).name} ({i})")
+            cause = c2.selectbox("Root cause", tax.cause_ids, key=f"fb-cause-{n}",
+                                 index=_index(tax.cause_ids, s.root_cause),
+                                 format_func=lambda i: f"{tax.root_cause(i).name} · {tax.dimension_of(i)}")
+            mitigation = c3.selectbox("Mitigation", tax.mitigation_ids, key=f"fb-mitigation-{n}",
+                                      index=_index(tax.mitigation_ids, s.mitigation),
+                                      format_func=lambda i: f"{tax.mitigation(i).name} ({i})")
+            reviewer = st.text_input("Your name (optional)", key=f"fb-reviewer-{n}")
+            resolution = st.text_area("What fixed it (optional)", key=f"fb-resolution-{n}", height=80)
+            if s.abstained:
+                st.caption("The engine was not sure: check the root cause before saving.")
+            save = st.form_submit_button("Save as confirmed incident", icon=":material/check:")
+        if save:
+            labels = LabelSet(symptom=symptom, root_cause=cause, mitigation=mitigation)
+            try:
+                with res.lock:
+                    record = save_feedback(res.kb, result["ticket"], s, labels, reviewer, resolution)
+                    res.engine.retriever.refresh()
+            except FeedbackError as exc:
+                st.error(str(exc))
+            else:
+                result["saved"] = record
+                saved = record
+        if saved is not None:
+            changes = ", ".join(f"{name}: {getattr(saved.suggested, name)} → {getattr(saved.new, name)}"
+                                for name in saved.changed) or "labels as suggested"
+            st.success(f"Saved **{md(saved.incident_id)}** as a confirmed incident "
+                       f"({saved.action} by {md(saved.reviewer)}: {md(changes)}). "
+                       "The next search will find it.", icon=":material/task_alt:")
+
+
+def _index(ids: list[str], value: str | None) -> int:
+    return ids.index(value) if value in ids else 0
+
+
+def _chat(res: Loaded, result: dict, shown: Suggestion) -> None:
+    st.subheader("Ask about this suggestion")
+    history: list[dict] = result["chat"]
+    for message in history:
+        with st.chat_message(message["role"]):
+            st.markdown(md(message["content"]) if message["role"] == "user" else message["content"])
+    question = st.chat_input("Ask a follow-up, e.g. 'is it safe to resubmit?' or 'why not the network?'")
+    if not question:
+        return
+    with st.chat_message("user"):
+        st.markdown(md(question))
+    with st.chat_message("assistant"):
+        answer = st.write_stream(answer_followup(res.engine, shown, question, history=list(history),
+                                                 generator=res.generator))
+    history.append({"role": "user", "content": question})
+    history.append({"role": "assistant", "content": answer if isinstance(answer, str) else
+                    "".join(str(part) for part in answer)})
+
+
+def render() -> None:
+    """The triage page."""
+    res = loaded()
+    threshold = abstain_threshold(res.settings)
+    st.title("Triage a ticket")
+    left, right = st.columns([5, 6], gap="large")
+    with left:
+        _ticket_form(res)
+    result = st.session_state.get(RESULT)
+    if result is None:
+        right.info("Paste a ticket on the left: title, description and, if you have it, the error "
+                   "lines from the log. pmkb suggests the root cause, what to do next and the "
+                   "past incidents that looked like it.", icon=":material/arrow_back:")
+        return
+    shown = apply_threshold(result["suggestion"], threshold, res.kb.taxonomy)
+    with left:
+        _ticket_text(result, shown)
+        st.caption(f"Suggested in {result['seconds'] * 1000:.0f} ms")
+    with right:
+        render_card(shown, res.kb.taxonomy, res.kb.store, threshold)
+    _feedback(res, result)
+    _chat(res, result, shown)
+
+
+render()
