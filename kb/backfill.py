@@ -172,24 +172,23 @@ def rewrite_output(state: BackfillState, out: Path) -> int:
 
 
 def count_records(paths: list[Path]) -> int | None:
-    """A quick estimate of the number of input records (for the progress bar); None if unknown."""
+    """A quick count of the input records, for the progress bar; None when it cannot tell."""
     total = 0
     for path in map(Path, paths):
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in files:
+        for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
             suffix = file.suffix.lower()
             try:
                 if suffix in {".jsonl", ".ndjson"}:
                     with file.open("rb") as handle:
                         total += sum(1 for line in handle if line.strip())
                 elif suffix == ".csv":
-                    text = file.read_text(encoding="utf-8", errors="replace")
-                    total += max(sum(1 for row in csv.reader(io.StringIO(text)) if any(row)) - 1, 0)
+                    rows = csv.reader(io.StringIO(file.read_text(encoding="utf-8", errors="replace")))
+                    total += max(sum(1 for row in rows if any(row)) - 1, 0)
                 elif suffix == ".json":
                     data = json.loads(file.read_text(encoding="utf-8", errors="replace"))
                     total += len(data) if isinstance(data, list) else 1
-                elif suffix == ".md":
-                    total += 1
+                else:
+                    total += suffix == ".md"
             except (OSError, ValueError, csv.Error):
                 return None
     return total
@@ -233,13 +232,28 @@ def find_llm_stage(engine: SuggestionEngine, log: Log) -> tuple[Callable | None,
 
 
 @dataclass
-class _Batch:
-    """Records of one batch on their way through the pipeline."""
+class _Record:
+    """One ticket on its way through the pipeline."""
 
-    prepared: list[tuple[PreparedTicket, Incident, str, bool]] = field(default_factory=list)
+    incident: Incident
+    digest: str  # content hash of the input record
+    in_output: bool  # an earlier annotation of it is in the output already
+    prepared: PreparedTicket | None = None
+    suggestion: Suggestion | None = None
+
+    def row(self, engine_id: str, line: str | None = None, target: str | None = None,
+            error: str | None = None) -> tuple:
+        """Its state row: done with its output line, or failed with the error."""
+        return (self.incident.id, self.digest, engine_id, "failed" if error else "done", line, target, error)
+
+
+@dataclass
+class _Batch:
+    """Records annotated together (one embedding call)."""
+
+    records: list[_Record] = field(default_factory=list)
     failed: list[tuple] = field(default_factory=list)  # state rows of records that failed early
-    replaced: bool = False  # a record already in the output is being replaced
-    size: int = 0  # input records it accounts for (for progress)
+    size: int = 0  # input records it accounts for (progress)
     vectors: Future | None = None
 
 
@@ -258,13 +272,13 @@ class Backfill:
         self.progress = progress or (lambda n: None)
         self.llm, llm_note = find_llm_stage(engine, self.log)
         self.result = BackfillResult(llm=llm_note)
-        self.target = (f"{options.write_back}:dry-run" if options.outbox else options.write_back)
-        kb = engine.kb
-        self.engine_id = " ".join([f"pmkb-engine/{__version__}", kb.embedder.model_id, kb.taxonomy.name,
-                                   f"llm={llm_note if self.llm else 'none'}"])
+        self.target = f"{options.write_back}:dry-run" if options.outbox else options.write_back
+        tax = engine.kb.taxonomy
+        self.engine_id = (f"pmkb-engine/{__version__} {engine.kb.embedder.model_id} {tax.name}/{tax.version} "
+                          f"llm={llm_note if self.llm else 'none'}")
         self._seen: set[str] = set()
         self._errors = None
-        self._rewrite = False
+        self._rewrite = False  # an annotation already in the output was replaced or dropped
 
     def run(self, inputs: list[Path]) -> BackfillResult:
         """Annotate every input record not already done; returns the counts."""
@@ -282,7 +296,8 @@ class Backfill:
                 pending = None
                 try:
                     for batch in self._batches(read_paths(inputs, options.csv_mapping), state):
-                        batch.vectors = embedding.submit(self._embed, batch)
+                        if batch.records:
+                            batch.vectors = embedding.submit(self._embed, batch)
                         if pending is not None:  # finished while the next batch is being embedded
                             self._finish(pending, state, sink, pool)
                         pending = batch
@@ -323,143 +338,144 @@ class Backfill:
                 self.log(f"warning: {item}")
                 continue
             self.result.read += 1
-            if isinstance(item, IngestError):
-                self._error("input", item.message, source=item.file, where=item.where)
+            if isinstance(item, IngestError) or item.id in self._seen:
+                if isinstance(item, IngestError):
+                    self._error("input", item.message, source=item.file, where=item.where)
+                else:
+                    self._error("duplicate", f"id {item.id!r} appears more than once in the inputs",
+                                record_id=item.id, source=item.source)
                 self.progress(1)
                 self._check_errors()
-            elif item.id in self._seen:
-                self._error("duplicate", f"id {item.id!r} appears more than once in the inputs",
-                            record_id=item.id, source=item.source)
-                self.progress(1)
-                self._check_errors()
-            else:
-                self._seen.add(item.id)
-                window.append(item)
-                if len(window) >= self.options.batch_size:
-                    batch = self._select(window, state)
-                    window = []
-                    if batch.size:
-                        yield batch
+                continue
+            self._seen.add(item.id)
+            window.append(item)
+            if len(window) >= self.options.batch_size:
+                yield self._select(window, state)
+                window = []
         if window:
-            batch = self._select(window, state)
-            if batch.size:
-                yield batch
+            yield self._select(window, state)
 
     def _select(self, window: list[Incident], state: BackfillState) -> _Batch:
+        """The records of a window that need annotating (unchanged ones are skipped)."""
         known = state.lookup([i.id for i in window])
         batch = _Batch()
         for incident in window:
-            digest = incident.content_hash()
+            record = _Record(incident, incident.content_hash(), False)
             previous = known.get(incident.id)
-            in_output = previous is not None and previous[2] == "done"
-            if in_output and previous[:2] == (digest, self.engine_id) and (
+            record.in_output = previous is not None and previous[2] == "done"
+            if record.in_output and previous[:2] == (record.digest, self.engine_id) and (
                     self.target is None or previous[3] == self.target):
                 self.result.skipped += 1
                 self.progress(1)
                 continue
             batch.size += 1
-            batch.replaced |= in_output
+            self._rewrite |= record.in_output
             try:
-                batch.prepared.append((self.engine.prepare(incident), incident, digest, in_output))
+                record.prepared = self.engine.prepare(incident)
+                batch.records.append(record)
             except EmptyTicket as exc:
                 self._error("empty", str(exc), record_id=incident.id, source=incident.source)
-                batch.failed.append((incident.id, digest, self.engine_id, "failed", None, None, str(exc)))
+                batch.failed.append(record.row(self.engine_id, error=str(exc)))
         return batch
 
     def _embed(self, batch: _Batch):
-        vectors = embed_queries(self.engine.kb.embedder, [p.query for p, *_ in batch.prepared])
+        vectors = embed_queries(self.engine.kb.embedder, [r.prepared.query for r in batch.records])
         return vectors, self.engine.dense_candidates(vectors)
 
     def _finish(self, batch: _Batch, state: BackfillState, sink, pool: ThreadPoolExecutor) -> None:
-        rows, lines, suggestions = list(batch.failed), [], []
+        rows, lines = list(batch.failed), []
 
-        def fail(stage: str, incident: Incident, digest: str, exc: Exception) -> None:
+        def fail(stage: str, record: _Record, exc: Exception) -> None:
             message = f"{type(exc).__name__}: {exc}"
-            self._error(stage, message, record_id=incident.id, source=incident.source)
-            rows.append((incident.id, digest, self.engine_id, "failed", None, None, message))
+            self._error(stage, message, record_id=record.incident.id, source=record.incident.source)
+            rows.append(record.row(self.engine_id, error=message))
 
+        records = []
         try:
-            vectors, pools = batch.vectors.result() if batch.prepared else ([], [])
+            vectors, pools = batch.vectors.result() if batch.records else ([], [])
         except Exception as exc:  # noqa: BLE001 - the whole batch failed to embed
-            for _, incident, digest, _ in batch.prepared:
-                fail("annotate", incident, digest, exc)
-            batch.prepared = []
-        for (prepared, incident, digest, in_output), vector, dense in zip(batch.prepared, vectors, pools):
+            vectors, pools = [], []
+            for record in batch.records:
+                fail("annotate", record, exc)
+        for record, vector, dense in zip(batch.records, vectors, pools):
             try:
-                suggestion = self.engine.suggest_prepared(prepared, vector, exclude={incident.id}, dense=dense)
-                suggestions.append((prepared, incident, digest, in_output, suggestion))
+                record.suggestion = self.engine.suggest_prepared(record.prepared, vector,
+                                                                 exclude={record.incident.id}, dense=dense)
+                records.append(record)
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the run
-                fail("annotate", incident, digest, exc)
+                fail("annotate", record, exc)
         if self.llm is not None:
-            suggestions = self._stage(pool, "llm", suggestions, fail,
-                                      lambda p, i, s: self.llm(p.ticket, s))
+            records = self._stage(pool, "llm", records, fail,
+                                  lambda r: self.llm(r.prepared.ticket, r.suggestion))
         if self.options.write_back == "kb":
-            suggestions = self._write_back_kb(suggestions, fail)
+            records = self._write_back_kb(records, fail)
         elif self.options.write_back:
-            suggestions = self._stage(pool, "write_back", suggestions, fail, self._write_back_ticket)
-        for _, incident, digest, in_output, suggestion in suggestions:
-            line = json.dumps(annotation_record(suggestion), ensure_ascii=False)
-            rows.append((incident.id, digest, self.engine_id, "done", line, self.target, None))
-            if not in_output:
+            records = self._stage(pool, "write_back", records, fail, self._write_back_ticket)
+        for record in records:
+            line = json.dumps(annotation_record(record.suggestion), ensure_ascii=False)
+            rows.append(record.row(self.engine_id, line, self.target))
+            if not record.in_output:
                 lines.append(line + "\n")
         state.commit(rows)  # the state first: output lines are only ever written for committed rows
         sink.write("".join(lines))
         sink.flush()
-        self._rewrite |= batch.replaced
-        self.result.annotated += len(suggestions)
-        if self.options.write_back in ("github", "jira"):
-            self.result.written_back += len(suggestions)
+        self.result.annotated += len(records)
         self.progress(batch.size)
         self._check_errors()
 
-    def _stage(self, pool: ThreadPoolExecutor, stage: str, suggestions: list, fail, call) -> list:
-        futures = [pool.submit(call, prepared, incident, suggestion)
-                   for prepared, incident, _, _, suggestion in suggestions]
+    def _stage(self, pool: ThreadPoolExecutor, stage: str, records: list[_Record], fail, call) -> list[_Record]:
+        """Run ``call(record)`` over the records with bounded concurrency; keeps those that succeed."""
+        futures = [pool.submit(call, record) for record in records]
         kept = []
-        for (prepared, incident, digest, in_output, suggestion), future in zip(suggestions, futures):
+        for record, future in zip(records, futures):
             try:
                 outcome = future.result()
             except Exception as exc:  # noqa: BLE001 - reported per record
-                fail(stage, incident, digest, exc)
+                fail(stage, record, exc)
                 continue
-            kept.append((prepared, incident, digest, in_output,
-                         outcome if isinstance(outcome, Suggestion) else suggestion))
+            if isinstance(outcome, Suggestion):
+                record.suggestion = outcome
+            kept.append(record)
         return kept
 
-    def _write_back_ticket(self, prepared: PreparedTicket, incident: Incident, suggestion: Suggestion):
+    def _write_back_ticket(self, record: _Record) -> dict:
+        """Post to GitHub or Jira through the webhook bot's write-back (retrying transient errors)."""
         from kb.writeback import TicketRef, WriteBackError, write_back
 
-        ref = TicketRef(system=self.options.write_back, key=incident.id)
+        ref = TicketRef(system=self.options.write_back, key=record.incident.id)
         for attempt in range(3):
             try:
-                return write_back(self.engine.settings, ref, suggestion, outbox=self.options.outbox)
+                done = write_back(self.engine.settings, ref, record.suggestion, outbox=self.options.outbox)
+                self.result.written_back += 1
+                return done
             except WriteBackError as exc:
                 if not exc.retryable or attempt == 2:
                     raise
                 time.sleep(2 ** attempt)
 
-    def _write_back_kb(self, suggestions: list, fail) -> list:
-        """Add confident suggestions to the knowledge base as machine-suggested incidents."""
+    def _write_back_kb(self, records: list[_Record], fail) -> list[_Record]:
+        """Add confident suggestions to the knowledge base as machine-suggested incidents.
+
+        An id the knowledge base holds with human labels is left as it is.
+        """
         store = self.engine.kb.store
-        existing = store.incident_hashes([i.id for _, i, *_ in suggestions])
-        keep_human = {i for i in existing if (found := store.get_incident(i)) is not None
-                      and found.provenance != Provenance.machine_suggested}
-        incidents = [incident.model_copy(update={
-            "symptom": s.symptom, "root_cause": s.root_cause, "mitigation": s.mitigation,
-            "provenance": Provenance.machine_suggested})
-            for _, incident, _, _, s in suggestions if not s.abstained and incident.id not in keep_human]
-        if not incidents:
-            return suggestions
+        existing = store.incident_hashes([r.incident.id for r in records])
+        human = {i for i in existing if (found := store.get_incident(i)) is not None
+                 and found.provenance != Provenance.machine_suggested}
+        incidents = [r.incident.model_copy(update={
+            "symptom": r.suggestion.symptom, "root_cause": r.suggestion.root_cause,
+            "mitigation": r.suggestion.mitigation, "provenance": Provenance.machine_suggested})
+            for r in records if not r.suggestion.abstained and r.incident.id not in human]
         try:
             report = self.engine.kb.add_incidents(incidents)
-            self.result.written_back += report.written
         except Exception as exc:  # noqa: BLE001 - the batch's write-back failed: retried on re-run
-            for _, incident, digest, _, _ in suggestions:
-                fail("write_back", incident, digest, exc)
+            for record in records:
+                fail("write_back", record, exc)
             return []
+        self.result.written_back += report.written
         for line in report.errors:
             self.log(f"warning: {line}")
-        return suggestions
+        return records
 
 
 class _TooManyErrors(RuntimeError):

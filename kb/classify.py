@@ -2,9 +2,13 @@
 
 For each label (root cause or symptom) the score is a weighted sum of four features,
 
-    logit = w_evidence * E + w_vote * V + w_taxonomy * T + w_prior * log(prior)
+    logit = w_evidence * E + w_vote * V + w_taxonomy * T + w_nearest * N + w_prior * log(prior)
+            + w_text * log(p_text)
 
-turned into probabilities by a softmax. The four weights are fitted by maximum likelihood on
+where E is the summed signature weight, V the neighbours' similarity-weighted vote, T the
+standardised similarity to the category's taxonomy entry, N the similarity of the closest
+incident with that label, and p_text a text classifier's probability (kb/textclf.py); a softmax
+turns the logits into probabilities. The six weights are fitted by maximum likelihood on
 labelled incidents (leave-one-out over the knowledge base), which also calibrates the
 probabilities; ``pmkb eval`` measures the calibration (ECE) on held-out tickets.
 """
@@ -25,19 +29,26 @@ VOTING_PROVENANCE = {"human_labelled": 1.0, "confirmed": 1.0, "machine_suggested
 """How much a neighbour's label counts, by provenance: unconfirmed machine labels do not vote."""
 
 
+FEATURES = ("evidence", "vote", "taxonomy", "nearest", "prior", "text")
+BOUNDS = {"evidence": (0, 10), "vote": (0, 20), "taxonomy": (0, 5), "nearest": (0, 20), "prior": (0, 3),
+          "text": (0, 5)}
+
+
 class Weights(BaseModel):
     """The fitted weights of one classifier."""
 
     model_config = ConfigDict(extra="forbid")
 
     evidence: float = 1.0
-    vote: float = 4.0
+    vote: float = 1.0
     taxonomy: float = 0.5
-    prior: float = 0.3
+    nearest: float = 2.0
+    prior: float = 0.1
+    text: float = 1.0
 
     def as_array(self) -> np.ndarray:
         """Weights in feature order."""
-        return np.array([self.evidence, self.vote, self.taxonomy, self.prior])
+        return np.array([getattr(self, name) for name in FEATURES])
 
 
 class Calibration(BaseModel):
@@ -46,7 +57,7 @@ class Calibration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     root_cause: Weights = Weights()
-    symptom: Weights = Weights(evidence=1.0, vote=3.0, taxonomy=0.5, prior=0.5)
+    symptom: Weights = Weights()
     fitted_on: str = "defaults"  # e.g. "leave-one-out over 260 incidents"
     log_loss: float | None = None
 
@@ -66,7 +77,7 @@ class LabelFeatures:
     """Feature matrix for one ticket over one label set: rows = labels, columns = features."""
 
     labels: list[str]
-    matrix: np.ndarray  # shape (n_labels, 4)
+    matrix: np.ndarray  # shape (n_labels, len(FEATURES))
 
 
 def neighbour_votes(similar: list[SimilarIncident], labels: list[str], field: str,
@@ -90,15 +101,29 @@ def standardise(values: dict[str, float]) -> dict[str, float]:
     return {k: (v - float(arr.mean())) / std for k, v in values.items()}
 
 
+def nearest_similarity(similar: list[SimilarIncident], labels: list[str], field: str) -> dict[str, float]:
+    """Score of the most similar voting incident carrying each label (0 when none is retrieved)."""
+    best = dict.fromkeys(labels, 0.0)
+    for hit in similar:
+        label = getattr(hit, field)
+        if label in best and VOTING_PROVENANCE.get(hit.provenance, 0.0) > 0:
+            best[label] = max(best[label], hit.score)
+    return best
+
+
 def build_features(labels: list[str], evidence: list[Evidence], similar: list[SimilarIncident],
-                   taxonomy_sims: dict[str, float], priors: dict[str, float], field: str) -> LabelFeatures:
-    """Assemble the four features for every label."""
+                   taxonomy_sims: dict[str, float], priors: dict[str, float], field: str,
+                   text_log_proba: np.ndarray | None = None, votes_from: int = 8) -> LabelFeatures:
+    """Assemble the features (in FEATURES order) for every label."""
     ev_field = "causes" if field == "root_cause" else "symptoms"
     ev = evidence_scores(evidence, labels, ev_field)
-    votes = neighbour_votes(similar, labels, field)
+    votes = neighbour_votes(similar[:votes_from], labels, field)
+    near = nearest_similarity(similar, labels, field)
     tax = standardise({label: taxonomy_sims.get(label, 0.0) for label in labels})
     prior = {label: np.log(priors.get(label, 0.0) + 1e-3) for label in labels}
-    matrix = np.array([[ev[label], votes[label], tax[label], prior[label]] for label in labels])
+    text = text_log_proba if text_log_proba is not None else np.full(len(labels), -np.log(len(labels)))
+    matrix = np.array([[ev[label], votes[label], tax[label], near[label], prior[label], text[n]]
+                       for n, label in enumerate(labels)])
     return LabelFeatures(labels, matrix)
 
 
@@ -134,10 +159,10 @@ def fit_weights(samples: list[LabelFeatures], truths: list[str], start: Weights 
         return float(np.mean(logz - logits[np.arange(len(idx)), idx]) + l2 * np.sum(w ** 2))
 
     x0 = (start or Weights()).as_array()
-    res = minimize(loss, x0, method="L-BFGS-B",
-                   bounds=[(0, 10), (0, 20), (0, 5), (0, 3)])
+    res = minimize(loss, x0, method="L-BFGS-B", bounds=[BOUNDS[name] for name in FEATURES])
     w = res.x
-    return Weights(evidence=w[0], vote=w[1], taxonomy=w[2], prior=w[3]), float(loss(w) - l2 * np.sum(w ** 2))
+    return (Weights(**{name: round(float(v), 4) for name, v in zip(FEATURES, w)}),
+            float(loss(w) - l2 * np.sum(w ** 2)))
 
 
 def expected_calibration_error(confidences: list[float], correct: list[bool], bins: int = 10) -> float:

@@ -56,6 +56,11 @@ class LLMAnswer(BaseModel):
     explanation: str = Field(max_length=EXPLANATION_CHARS)  # two or three sentences for the on-call
 
 
+def _first_sentence(text: str) -> str:
+    end = text.find(". ")
+    return text[:end + 1] if end > 0 else text
+
+
 class InvalidAnswer(ValueError):
     """An answer that is not valid JSON, breaks the schema or cites outside its context."""
 
@@ -137,23 +142,24 @@ class LLMSuggester:
         """Context documents: the incidents the engine retrieved for this ticket, best first."""
         return [incident_document(h) for h in state["suggestion"].similar_incidents[:self.context_incidents]]
 
-    def _variables(self, state: dict, documents: list, limit: int) -> dict:
+    def _variables(self, state: dict, documents: list, text: str, spans: list[tuple[int, int]], limit: int,
+                   compact: bool = False) -> dict:
         s: Suggestion = state["suggestion"]
         tax = self.engine.kb.taxonomy
-        text = redact(state["ticket"].text())
-        # Spans in this text (the engine may have read the ticket without instruction lines).
-        spans = [(e.start, e.end) for e in find_evidence(text, self.engine.signatures)]
         ticket = trim_around_evidence(text, spans, limit)
         causes = [{"id": c.id, "confidence_pct": f"{c.confidence:.0%}", "name": tax.root_cause(c.id).name,
-                   "dimension": tax.root_cause(c.id).dimension, "definition": tax.root_cause(c.id).definition}
+                   "dimension": tax.root_cause(c.id).dimension,
+                   "definition": _first_sentence(tax.root_cause(c.id).definition) if compact
+                   else tax.root_cause(c.id).definition}
                   for c in s.root_cause_candidates[:CAUSE_CHOICES]]
+        resolution_chars = RESOLUTION_CHARS // 2 if compact else RESOLUTION_CHARS
         symptoms = [{"id": c.id, "confidence_pct": f"{c.confidence:.0%}", "name": tax.symptom(c.id).name}
                     for c in s.symptom_candidates[:SYMPTOM_CHOICES]]
         return {"causes": causes, "symptoms": symptoms, "ticket": neutralise(ticket),
                 "evidence": [{"signal": e.signal, "text": neutralise(e.text), "category": e.category}
                              for e in s.evidence[:6]],
                 "incidents": [{**d.metadata, "title": neutralise(d.metadata["title"]),
-                               "resolution": neutralise(d.metadata["resolution"] or "")[:RESOLUTION_CHARS]}
+                               "resolution": neutralise(d.metadata["resolution"] or "")[:resolution_chars]}
                               for d in documents],
                 "retry_note": state.get("retry_note", ""), "trimmed": len(ticket) < len(text)}
 
@@ -161,18 +167,23 @@ class LLMSuggester:
         """Template variables that fit the context window with the answer's tokens to spare, and the schema."""
         room = self.generator.context - self.answer_tokens - 16
         documents = list(state["documents"])
-        limit = TICKET_CHARS
-        for _ in range(12):
-            variables = self._variables(state, documents, limit)
+        text = redact(state["ticket"].text())
+        # Evidence spans in this text (the engine may have read the ticket without instruction lines).
+        spans = [(e.start, e.end) for e in find_evidence(text, self.engine.signatures)]
+        limit, compact = TICKET_CHARS, False
+        while True:  # shrink in order: the ticket (around its evidence), definitions, context incidents
+            variables = self._variables(state, documents, text, spans, limit, compact)
             used = sum(self.generator.count_tokens(m["content"]) for m in self.template.render(**variables))
             if used <= room:
                 break
             if limit > 600:
                 limit = max(600, int(limit * min(0.8, room / used)))
+            elif not compact:
+                compact = True
             elif documents:
                 documents = documents[:-1]
             else:
-                raise LLMError(f"the prompt needs {used} tokens, more than the {room} left in a "
+                raise LLMError(f"the prompt needs {used} tokens, more than the {room} left for it in a "
                                f"{self.generator.context}-token context; raise PMKB_LLM_CONTEXT")
         s: Suggestion = state["suggestion"]
         context_ids = [d.metadata["id"] for d in documents]

@@ -184,6 +184,13 @@ class EventQueue:
                              "ORDER BY finished_at DESC, id DESC LIMIT 1", (ticket,)).fetchone()
         return row["content_hash"] if row else None
 
+    def superseded(self, event: Event) -> bool:
+        """True when a newer event for the same ticket is queued, in hand or done (this one is stale)."""
+        with self._connect() as db:
+            row = db.execute("SELECT 1 FROM events WHERE ticket = ? AND id > ? AND status IN "
+                             "('queued', 'claimed', 'done') LIMIT 1", (event.ticket, event.id)).fetchone()
+        return row is not None
+
     def counts(self) -> dict[str, int]:
         """Number of events in each status."""
         with self._connect() as db:

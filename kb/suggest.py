@@ -20,6 +20,7 @@ from kb.mitigate import LowUtilisationHint, MitigationStep, low_utilisation_hint
 from kb.redact import redact
 from kb.search import BM25, DENSE_WEIGHT, Retriever, SimilarIncident, _Corpus, tokenize
 from kb.taxonomy import load_low_util_taxonomy
+from kb.textclf import TextClassifier, out_of_fold_log_proba
 
 MAX_TICKET_CHARS = 12_000
 """Ticket text beyond this is trimmed in the middle for embedding (evidence is found on all of it)."""
@@ -195,6 +196,28 @@ class SuggestionEngine:
             vectors = self.kb.store.taxonomy_vectors()
         return vectors
 
+    def _training_set(self) -> tuple[list[Incident], np.ndarray]:
+        """Voting (human-labelled or confirmed) incidents with their stored vectors."""
+        ids, vectors = self.kb.store.incident_vectors()
+        by_id = {i.id: i for i in self.retriever._load().incidents}
+        keep = [n for n, i in enumerate(ids) if i in by_id and by_id[i].labelled
+                and VOTING_PROVENANCE.get(by_id[i].provenance.value, 0) > 0]
+        return [by_id[ids[n]] for n in keep], vectors[keep] if keep else np.zeros((0, 1), np.float32)
+
+    def _text_classifiers(self) -> dict[str, TextClassifier]:
+        """Text classifiers for root cause and symptom, retrained when the knowledge base changes."""
+        count = self.kb.store.count()
+        if getattr(self, "_clf_count", None) != count:
+            incidents, vectors = self._training_set()
+            texts = [i.text() for i in incidents]
+            tax = self.kb.taxonomy
+            self._clf = {
+                "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors, [i.root_cause for i in incidents]),
+                "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors, [i.symptom for i in incidents]),
+            }
+            self._clf_count = count
+        return self._clf
+
     def _priors(self, field: str, labels: list[str]) -> dict[str, float]:
         corpus = self.retriever._load()
         if self._prior_cache[0] is not corpus:  # counted once per loaded corpus, not per ticket
@@ -208,37 +231,47 @@ class SuggestionEngine:
         return cache[field]
 
     def _features(self, text: str, vector: np.ndarray, similar: list[SimilarIncident],
-                  evidence: list[Evidence]):
+                  evidence: list[Evidence], text_log_proba: dict[str, np.ndarray] | None = None):
         tax = self.kb.taxonomy
         vectors = self._taxonomy_vectors
+        if text_log_proba is None:
+            clf = self._text_classifiers()
+            text_log_proba = {field: c.log_proba([text], vector[None, :])[0] for field, c in clf.items()}
         cause_f = build_features(tax.cause_ids, evidence, similar, _cosine_map(vector, vectors, "cause:"),
-                                 self._priors("root_cause", tax.cause_ids), "root_cause")
+                                 self._priors("root_cause", tax.cause_ids), "root_cause",
+                                 text_log_proba["root_cause"])
         symptom_f = build_features(tax.symptom_ids, evidence, similar,
                                    _cosine_map(vector, vectors, "symptom:"),
-                                   self._priors("symptom", tax.symptom_ids), "symptom")
+                                   self._priors("symptom", tax.symptom_ids), "symptom",
+                                   text_log_proba["symptom"])
         return cause_f, symptom_f
 
     def fit_calibration(self, save: bool = True) -> Calibration:
-        """Fit the classifier weights leave-one-out over the labelled incidents of the knowledge base."""
-        ids, vectors = self.kb.store.incident_vectors()
-        by_id = {i.id: i for i in self.retriever._load().incidents}
+        """Fit the classifier weights leave-one-out over the labelled incidents of the knowledge base.
+
+        Neighbours exclude the incident itself and the text classifier's probabilities are
+        out-of-fold, so every feature is computed as it would be for an unseen ticket.
+        """
+        incidents, vectors = self._training_set()
+        tax = self.kb.taxonomy
+        texts = [i.text() for i in incidents]
+        oof = {"root_cause": out_of_fold_log_proba(tax.cause_ids, texts, vectors,
+                                                   [i.root_cause for i in incidents]),
+               "symptom": out_of_fold_log_proba(tax.symptom_ids, texts, vectors,
+                                                [i.symptom for i in incidents])}
         cause_samples, cause_truth, symptom_samples, symptom_truth = [], [], [], []
-        for incident_id, vector in zip(ids, vectors):
-            incident = by_id.get(incident_id)
-            if incident is None or not incident.labelled or \
-                    VOTING_PROVENANCE.get(incident.provenance.value, 0) == 0:
-                continue
-            text = incident.text()
+        for n, (incident, vector, text) in enumerate(zip(incidents, vectors, texts)):
             similar = self.retriever.retrieve_similar(text, k=self.settings.neighbours, query_vector=vector,
-                                                      exclude={incident_id})
-            cause_f, symptom_f = self._features(text, vector, similar, find_evidence(text, self.signatures))
+                                                      exclude={incident.id})
+            cause_f, symptom_f = self._features(text, vector, similar, find_evidence(text, self.signatures),
+                                                {field: oof[field][n] for field in oof})
             cause_samples.append(cause_f)
             cause_truth.append(incident.root_cause)
             if incident.symptom:
                 symptom_samples.append(symptom_f)
                 symptom_truth.append(incident.symptom)
         cause_w, cause_loss = fit_weights(cause_samples, cause_truth)
-        symptom_w, _ = fit_weights(symptom_samples, symptom_truth, start=Calibration().symptom)
+        symptom_w, _ = fit_weights(symptom_samples, symptom_truth)
         calibration = Calibration(root_cause=cause_w, symptom=symptom_w, log_loss=round(cause_loss, 4),
                                   fitted_on=f"leave-one-out over {len(cause_samples)} labelled incidents "
                                             f"({datetime.now(timezone.utc):%Y-%m-%d})")

@@ -15,7 +15,6 @@ import re
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +35,8 @@ GITHUB_ACTIONS = {"opened", "edited", "reopened"}
 JIRA_EVENTS = {"jira:issue_created", "jira:issue_updated"}
 JIRA_TEXT_FIELDS = {"summary", "description"}
 QUEUE_FILE = "queue.sqlite3"
+"""The queue database, under the knowledge-base home."""
+
 
 class AnnotateRequest(BaseModel):
     """A ticket for ``POST /v1/annotate``."""
@@ -159,8 +160,8 @@ class BodyLimit:
             scope, receive, send)
 
 
-_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName",
-                                                                                  "color_message"}
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName", "color_message"}
 _SECRET_QUERY = re.compile(r"(secret=)[^&\s\"]*")
 
 
@@ -211,9 +212,7 @@ class Service:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self._http = None  # one connection pool for all write-backs
-        # Every suggestion runs on this one thread: the engine is not known to be thread-safe, and
-        # torch keeps per-thread state that is slow to set up in a fresh thread.
-        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="pmkb-engine")
+        self._suggest_lock = threading.Lock()  # the engine is not known to be thread-safe
 
     def start(self) -> None:
         """Open the knowledge base in the background, then start the worker."""
@@ -229,7 +228,9 @@ class Service:
                 self.engine = SuggestionEngine(KnowledgeBase(self.settings))
             self.engine.kb.ensure_built(log=log.info)
             self.engine.calibration
-            self.engine.kb.embedder.embed_query("warm up")
+            # One throw-away suggestion builds the lazy parts (model, lexical index, taxonomy vectors),
+            # so the first ticket after /readyz is not the slow one.
+            self.engine.suggest(Ticket(id="warm-up", title="warm up", description="GPU job crashed"))
         except Exception as exc:  # noqa: BLE001 - reported on /readyz and in the log
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("knowledge base failed to open", extra={"error": self.load_error})
@@ -248,12 +249,15 @@ class Service:
 
     def suggest(self, ticket: Ticket) -> Suggestion:
         """One suggestion, serialised with other callers."""
-        return self._engine_thread.submit(self.engine.suggest, ticket).result()
+        with self._suggest_lock:
+            return self.engine.suggest(ticket)
 
     def handle(self, event: Event) -> dict:
         """Worker handler: suggest for the queued ticket and write the result back."""
         from kb.writeback import TicketRef, WriteBackError, write_back
 
+        if self.queue.superseded(event):  # e.g. a retried "opened" after the "edited" that followed it
+            return {"skipped": "a newer event for the ticket supersedes this one"}
         if event.content_hash and self.queue.last_done_hash(event.ticket) == event.content_hash:
             return {"skipped": "ticket text unchanged since the last write-back"}
         try:
@@ -263,8 +267,8 @@ class Service:
                 import httpx
 
                 self._http = httpx.Client()
-            return write_back(self.settings, ref, suggestion, client=self._http) | {"root_cause": suggestion.root_cause,
-                                                                  "abstained": suggestion.abstained}
+            done = write_back(self.settings, ref, suggestion, client=self._http)
+            return done | {"root_cause": suggestion.root_cause, "abstained": suggestion.abstained}
         except EmptyTicket as exc:
             raise PermanentError(str(exc)) from exc
         except WriteBackError as exc:
@@ -323,6 +327,17 @@ def _json_object(body: bytes) -> dict | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _text(value) -> str:
+    """Plain text of a Jira field: a string, or the text nodes of an Atlassian Document Format tree."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return value.get("text") or "\n".join(filter(None, (_text(v) for v in value.get("content") or [])))
+    if isinstance(value, list):
+        return "\n".join(filter(None, (_text(v) for v in value)))
+    return ""
 
 
 def _same(expected: str, given: str | None) -> bool:
@@ -411,7 +426,8 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
         if not (isinstance(fields, dict) and issue.get("key")):
             return svc.reject("jira", 400, "bad_request", "a Jira issue event needs issue.key and issue.fields")
         key = str(issue["key"])
-        ticket = {"id": key, "title": fields.get("summary") or "", "description": fields.get("description") or ""}
+        ticket = {"id": key, "title": _text(fields.get("summary")),
+                  "description": _text(fields.get("description"))}
         delivery = (request.headers.get("X-Atlassian-Webhook-Identifier")
                     or (f"{event}:{key}:{payload['timestamp']}" if payload.get("timestamp") else None)
                     or hashlib.sha256(body).hexdigest())

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from kb.classify import (LabelFeatures, Weights, expected_calibration_error, fit_weights, neighbour_votes,
+from kb.classify import (FEATURES, LabelFeatures, Weights, expected_calibration_error, fit_weights, neighbour_votes,
                          predict)
 from kb.search import SimilarIncident
 
@@ -24,13 +24,13 @@ def test_fit_finds_the_informative_feature():
     samples, truths = [], []
     for _ in range(300):
         truth = rng.integers(3)
-        matrix = rng.normal(size=(3, 4))
+        matrix = rng.normal(size=(3, len(FEATURES)))
         matrix[:, 0] = 0
         matrix[truth, 0] = 1.0 if rng.random() < 0.9 else 0.0
         samples.append(LabelFeatures(labels, matrix))
         truths.append(labels[truth])
     weights, loss = fit_weights(samples, truths, l2=0.001)
-    assert weights.evidence > 3 * max(weights.vote, weights.taxonomy, weights.prior)
+    assert weights.evidence > 3 * max(getattr(weights, f) for f in FEATURES if f != "evidence")
     accuracy = np.mean([predict(f, weights)[0][0] == t for f, t in zip(samples, truths)])
     assert accuracy > 0.85 and loss < np.log(3)
 
@@ -45,5 +45,5 @@ def test_ece_separates_calibrated_from_overconfident():
 
 
 def test_predict_is_a_distribution():
-    ranked = predict(LabelFeatures(["a", "b"], np.array([[1.0, 0, 0, 0], [0, 0, 0, 0]])), Weights())
+    ranked = predict(LabelFeatures(["a", "b"], np.array([[1.0] + [0] * (len(FEATURES) - 1), [0] * len(FEATURES)])), Weights())
     assert ranked[0][0] == "a" and abs(sum(p for _, p in ranked) - 1) < 1e-9

@@ -53,7 +53,8 @@ def test_distribution_counts_every_incident_and_names_the_unlabelled(taxonomy, i
 
 
 def test_dimension_shares_are_over_labelled_incidents_beside_the_published_ones(taxonomy, incidents):
-    comparison = {r["dimension"]: r for r in dimension_comparison(incident_rows(incidents, taxonomy), taxonomy)}
+    rows = incident_rows(incidents, taxonomy)
+    comparison = {r["dimension"]: r for r in dimension_comparison(rows, taxonomy)}
     assert comparison["hardware"]["incidents"] == 2  # gpu_memory_error twice
     assert comparison["hardware"]["knowledge_base"] == pytest.approx(2 / 4)
     assert comparison["user"]["knowledge_base"] == pytest.approx(1 / 4)

@@ -7,6 +7,7 @@ validation, fallbacks, cache, budgets), never the model's judgement.
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import subprocess
@@ -197,25 +198,29 @@ def test_invalid_output_is_retried_once_then_the_engine_answer_is_kept(_built_kb
 
 
 @pytest.mark.llm
-def test_timeout_falls_back(_built_kb_dir, embedder, gguf, tmp_path):
-    engine = engine_with(_built_kb_dir, embedder, llm="llamacpp", llm_model=str(gguf), llm_context=2048,
-                         llm_timeout=0.01)
-    result = LLMSuggester(engine, make_generator(engine.settings), cache=ResponseCache(tmp_path)).suggest(XID_TICKET)
+def test_timeout_falls_back(_built_kb_dir, embedder, gemma, tmp_path):
+    impatient = copy.copy(gemma)  # the same loaded model (its prompt prefix is cached), a tiny timeout
+    impatient.timeout = 0.01
+    engine = engine_with(_built_kb_dir, embedder)
+    result = LLMSuggester(engine, impatient, cache=ResponseCache(tmp_path)).suggest(XID_TICKET)
     assert result.trace["llm_failed"] is True and "did not finish within" in result.trace["llm_error"]
+    assert result.root_cause == engine.suggest(XID_TICKET).root_cause
 
 
 @pytest.mark.llm
 def test_long_ticket_is_trimmed_to_the_budget_around_its_evidence(_built_kb_dir, embedder, gguf, tmp_path):
-    engine = engine_with(_built_kb_dir, embedder, llm="llamacpp", llm_model=str(gguf), llm_context=1024)
+    engine = engine_with(_built_kb_dir, embedder, llm="llamacpp", llm_model=str(gguf), llm_context=1536)
     suggester = LLMSuggester(engine, make_generator(engine.settings), cache=ResponseCache(tmp_path))
     noise = "\n".join(f"[step {n}] loss=2.{n % 997:03d} tokens/s=41234 mem=71.2GiB" for n in range(3000))
     evidence = "NVRM: Xid (PCI:0000:4f:00): 79, pid=0, GPU has fallen off the bus."
-    ticket = Ticket(id="long", title="Run died overnight on gpu-n07", description=noise[:60_000] + "\n" + evidence
-                    + "\n" + noise[60_000:])
+    cut = noise.index("\n", 60_000)
+    ticket = Ticket(id="long", title="Run died overnight on gpu-n07",
+                    description=f"{noise[:cut]}\n{evidence}\n{noise[cut + 1:]}")
     messages, tokens = suggester.prompt_for(ticket, engine.suggest(ticket))
     user = messages[1]["content"]
-    assert tokens + suggester.answer_tokens <= 1024
-    assert evidence in user and "characters trimmed" in user and "Run died overnight" in user
+    assert tokens + suggester.answer_tokens <= 1536
+    assert evidence in user.splitlines() and "characters trimmed" in user and "Run died overnight" in user
+    assert "<incident id=" in user  # room left for at least one context incident
 
 
 # --- the openai backend against llama-cpp-python's own OpenAI-compatible server -----------------
@@ -263,7 +268,9 @@ def test_openai_backend_against_llama_cpp_server(_built_kb_dir, embedder, llama_
     assert generator.mode == "json_object_schema"
     answer = json.loads(raw)
     assert set(answer) == {"root_cause", "note"} and answer["root_cause"] in ("gpu_lost", "buggy_code")
-    chunks = list(generator.stream([{"role": "user", "content": "Say hello."}], 12))
+    chunks = list(generator.stream([{"role": "system", "content": "You answer questions about GPU incidents."},
+                                    {"role": "user", "content": "Xid 79 on gpu-n07. How was this fixed before?"}],
+                                   12))
     assert len(chunks) > 1  # streamed piece by piece
     result = LLMSuggester(engine, generator, cache=ResponseCache(tmp_path)).suggest(XID_TICKET)
     assert result.trace["llm"]["backend"] == "openai" and result.trace["llm"]["base_url"] == llama_server

@@ -101,6 +101,16 @@ def test_claimed_events_of_a_dead_process_are_claimed_again(tmp_path):
     assert restarted.claim().id == waiting
 
 
+def test_an_older_event_of_a_ticket_is_superseded_by_a_newer_one(tmp_path):
+    queue = make_queue(tmp_path)
+    opened, other = add(queue, "d-1", "o/r#1"), add(queue, "d-2", "o/r#2")
+    old = queue.claim()
+    assert old.id == opened and not queue.superseded(old)
+    edited = add(queue, "d-3", "o/r#1")
+    assert queue.superseded(old) and not queue.superseded(queue.get(edited))
+    assert not queue.superseded(queue.get(other))
+
+
 def test_concurrent_claims_never_share_an_event(tmp_path):
     queue = EventQueue(tmp_path / "queue.sqlite3")
     for n in range(60):

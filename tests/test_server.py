@@ -277,6 +277,10 @@ def test_jira_created_and_updated(live, api):
         {"field": "description", "fromString": "old", "toString": IMPORT[1]}]))
     assert wait_finished(live.service, updated.json()["event_id"]).result["comment"] == "updated"
     assert len(api.comments["OPS-12"]) == 1 and api.comments["OPS-12"][0]["body"].startswith(JIRA_MARKER)
+    adf = {"type": "doc", "version": 1, "content": [{"type": "paragraph", "content": [{"type": "text",
+                                                                                      "text": ECC[1]}]}]}
+    rich = post_jira(live.url, jira_event("jira:issue_created", "OPS-13", ECC[0], adf)).json()
+    assert wait_finished(live.service, rich["event_id"]).result["root_cause"] == "gpu_memory_error"
 
 
 def test_retries_then_dead_letter(live, api):
@@ -379,7 +383,7 @@ def test_kill_9_with_events_queued_loses_none_and_comments_once(kb_home, tmp_pat
             wait_ready(url, first)
             ids = [post_github(url, issues_event("opened", n, *ECC), f"crash-{n}").json()["event_id"]
                    for n in range(1, 5)]
-            wait_until(lambda: f"{REPO}#1" in api.comments, 60, "the first comment to be posted")
+            wait_until(lambda: f"{REPO}#1" in api.comments, 120, "the first comment to be posted")
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait(30)

@@ -103,14 +103,16 @@ def _mitigations(s: Suggestion, taxonomy: Taxonomy) -> None:
                     f"{seen}  \n{md(step.next_step)}")
 
 
-def _evidence(s: Suggestion) -> None:
+def render_evidence(s: Suggestion) -> None:
+    """The log signatures found in the ticket, what each points to and why."""
     if not s.evidence:
         st.caption("No known log signature in the ticket.")
         return
     st.markdown("#### Evidence")
     for item in s.evidence[:8]:
-        pointer = f" → {md(item.category)}" if item.category else ""
-        st.markdown(f"- `{item.signal}`{pointer}: {md(item.explanation)}  \n  {md(item.text)}")
+        pointer = f" → **{md(item.category)}**" if item.category else ""
+        st.markdown(f"`{item.signal}`{pointer}: {md(item.explanation)}")
+        st.caption(f"“{md(item.text)}”")
 
 
 def _low_util(s: Suggestion) -> None:
@@ -120,7 +122,8 @@ def _low_util(s: Suggestion) -> None:
     st.info("**Low GPU utilisation: check these**\n\n" + lines, icon=":material/speed:")
 
 
-def _similar(s: Suggestion, taxonomy: Taxonomy, store: ChromaStore) -> None:
+def render_similar(s: Suggestion, taxonomy: Taxonomy, store: ChromaStore) -> None:
+    """Similar past incidents, each opening on its full stored record."""
     st.markdown("#### Similar past incidents")
     if not s.similar_incidents:
         st.caption("None in the knowledge base.")
@@ -135,8 +138,8 @@ def _similar(s: Suggestion, taxonomy: Taxonomy, store: ChromaStore) -> None:
                 render_incident(incident, taxonomy)
 
 
-def render_card(shown: Suggestion, taxonomy: Taxonomy, store: ChromaStore, threshold: float) -> None:
-    """The whole suggestion card (the suggestion already has the shown threshold applied)."""
+def render_card(shown: Suggestion, taxonomy: Taxonomy, threshold: float) -> None:
+    """Verdict, candidates, safety, mitigations and reasoning (the shown threshold already applied)."""
     with st.container(border=True):
         _verdict(shown, threshold)
         _candidates(shown, taxonomy)
@@ -145,8 +148,6 @@ def render_card(shown: Suggestion, taxonomy: Taxonomy, store: ChromaStore, thres
         _safety(shown)
     _low_util(shown)
     _mitigations(shown, taxonomy)
-    _evidence(shown)
-    _similar(shown, taxonomy, store)
     st.caption(md(shown.explanation))
     st.caption(md(trace_line(shown.trace)))
 

@@ -32,25 +32,30 @@ def _dimension_chart(comparison: list[dict]) -> alt.Chart:
         tooltip=["dimension", "source", alt.Tooltip("share:Q", format=".1%")])
 
 
-def _ranked_chart(rows: list[dict], field: str, dimensions: dict[str, str] | None = None) -> alt.Chart:
+def _ranked_chart(rows: list[dict], field: str, names: dict[str, str],
+                  dimensions: dict[str, str] | None = None) -> alt.Chart:
     frame = pd.DataFrame(distribution(rows, field))
+    frame["name"] = frame[field].map(lambda label: names.get(label, label))
     encoding = {"x": alt.X("incidents:Q", title="incidents"),
-                "y": alt.Y(f"{field}:N", sort="-x", title=None),
-                "tooltip": [field, "incidents", alt.Tooltip("share:Q", format=".1%")]}
+                "y": alt.Y("name:N", sort="-x", title=None, axis=alt.Axis(labelLimit=240)),
+                "tooltip": ["name", field, "incidents", alt.Tooltip("share:Q", format=".1%")]}
     if dimensions is not None:
         frame["dimension"] = frame[field].map(lambda c: dimensions.get(c, "unlabelled"))
-        encoding["color"] = alt.Color("dimension:N", scale=DIMENSION_SCALE, legend=alt.Legend(orient="bottom"))
-    return alt.Chart(frame).mark_bar().encode(**encoding).properties(height=max(120, 18 * len(frame)))
+        encoding["color"] = alt.Color("dimension:N", scale=DIMENSION_SCALE,
+                                      legend=alt.Legend(orient="bottom"))
+    return alt.Chart(frame).mark_bar().encode(**encoding).properties(height=alt.Step(20))
 
 
 def _trend_chart(rows: list[dict]) -> alt.Chart | None:
     data = over_time(rows, "dimension", "month")
     if not data:
         return None
-    return alt.Chart(pd.DataFrame(data)).mark_bar().encode(
-        x=alt.X("period:O", title="month"), y=alt.Y("incidents:Q", title="incidents"),
+    frame = pd.DataFrame(data)
+    frame["month"] = pd.to_datetime(frame["period"] + "-01")
+    return alt.Chart(frame).mark_bar().encode(
+        x=alt.X("yearmonth(month):T", title="month"), y=alt.Y("sum(incidents):Q", title="incidents"),
         color=alt.Color("dimension:N", scale=DIMENSION_SCALE, legend=alt.Legend(orient="bottom")),
-        tooltip=["period", "dimension", "incidents"])
+        tooltip=["period", "dimension", "incidents"]).properties(height=260)
 
 
 def render() -> None:
@@ -85,11 +90,12 @@ def render() -> None:
     left, right = st.columns(2, gap="large")
     with left:
         st.subheader("By symptom")
-        st.altair_chart(_ranked_chart(rows, "symptom"), width="stretch")
+        st.altair_chart(_ranked_chart(rows, "symptom", {x.id: x.name for x in tax.symptoms}),
+                        width="stretch")
     with right:
         st.subheader("By root cause")
-        st.altair_chart(_ranked_chart(rows, "root_cause", {c.id: c.dimension for c in tax.root_causes}),
-                        width="stretch")
+        st.altair_chart(_ranked_chart(rows, "root_cause", {c.id: c.name for c in tax.root_causes},
+                                      {c.id: c.dimension for c in tax.root_causes}), width="stretch")
 
     st.subheader("Over time")
     trend = _trend_chart(rows)
@@ -103,7 +109,7 @@ def render() -> None:
 
     st.subheader("Provenance")
     st.bar_chart(pd.DataFrame(distribution(rows, "provenance")), x="provenance", y="incidents",
-                 horizontal=True, height=160)
+                 horizontal=True, height=140)
     recent = audit_lines(res.settings)
     if recent:
         st.subheader("Recent feedback")

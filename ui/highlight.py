@@ -11,12 +11,21 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~$=:])")
 # HTML's own characters and those that markdown, Streamlit's LaTeX and emoji shortcodes read,
 # replaced in one pass by numeric entities so they are shown literally inside an HTML block.
 _ENTITIES = {ord(c): f"&#{ord(c)};" for c in "&<>\"'`*_[]{}()#+-!|~$\\:="}
+_TAME = {ord(c): f"\\{c}" for c in "\\[]<$"}
 _ELLIPSIS = "..."
 
 
 def escape_markdown(text: str | None) -> str:
     """Text shown literally by st.markdown: every markdown, HTML and LaTeX character escaped."""
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text or "").replace("\n", "  \n")
+
+
+def tame_markdown(text: str) -> str:
+    """Markdown that keeps emphasis, lists and code but can show no image, link, HTML or LaTeX.
+
+    Works character by character, so it is safe on streamed chunks cut anywhere.
+    """
+    return text.translate(_TAME)
 
 
 def _escape_html(text: str) -> str:

@@ -38,7 +38,7 @@ def render() -> None:
     if not rows:
         st.info("No incident matches these filters.")
         return
-    st.dataframe([{k: r[k] for k in COLUMNS} for r in rows], hide_index=True, width="stretch",
+    st.dataframe([{k: r[k] for k in COLUMNS} for r in rows], hide_index=True, width="stretch", height=420,
                  column_config={"title": st.column_config.TextColumn(width="large"),
                                 "created_at": st.column_config.TextColumn("created")})
     by_id = {i.id: i for i in incidents}

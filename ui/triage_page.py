@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 import streamlit as st
 
 from kb.chat import answer_followup
 from kb.feedback import FeedbackError, LabelSet, incident_id_for, save_feedback
 from kb.redact import redact
 from kb.suggest import EmptyTicket, Suggestion, Ticket
-from ui.card import apply_threshold, render_card
+from ui.card import apply_threshold, render_card, render_evidence, render_similar
 from ui.highlight import escape_markdown as md
-from ui.highlight import highlight_evidence
+from ui.highlight import highlight_evidence, tame_markdown
 from ui.resources import Loaded, abstain_threshold, loaded
 
 RESULT = "triage"  # session-state key: the ticket, its suggestion, chat history, saved feedback
@@ -32,7 +30,8 @@ def _suggest(res: Loaded, ticket: Ticket) -> Suggestion:
 
 def _ticket_form(res: Loaded) -> None:
     with st.form("ticket"):
-        title = st.text_input("Title", key="ticket-title", placeholder="e.g. 64-node pretrain crashed at step 48k")
+        title = st.text_input("Title", key="ticket-title",
+                              placeholder="e.g. 64-node pretrain crashed at step 48k")
         description = st.text_area("Description", height=180, key="ticket-description",
                                    placeholder="What happened, job id, nodes, what was tried")
         log = st.text_area("Log excerpt (optional)", height=110, key="ticket-log",
@@ -43,7 +42,6 @@ def _ticket_form(res: Loaded) -> None:
         return
     ticket = Ticket(title=title, description=description, log=log)
     ticket = ticket.model_copy(update={"id": ticket_id.strip() or incident_id_for(ticket)})
-    started = time.perf_counter()
     try:
         with st.spinner("Looking for similar incidents and evidence ..."):
             suggestion = _suggest(res, ticket)
@@ -52,7 +50,6 @@ def _ticket_form(res: Loaded) -> None:
         return
     previous = st.session_state.get(RESULT)
     st.session_state[RESULT] = {"ticket": ticket, "suggestion": suggestion, "chat": [], "saved": None,
-                                "seconds": time.perf_counter() - started,
                                 "round": (previous["round"] + 1) if previous else 1}
 
 
@@ -69,7 +66,8 @@ def _feedback(res: Loaded, result: dict) -> None:
     s: Suggestion = result["suggestion"]
     n = result["round"]
     saved = result.get("saved")
-    with st.expander("Accept or correct the labels", expanded=saved is None, icon=":material/rule:"):
+    with st.expander("Accept or correct the labels: saves the ticket to the knowledge base",
+                     icon=":material/rule:"):
         with st.form(f"feedback-{n}"):
             c1, c2, c3 = st.columns(3)
             symptom = c1.selectbox("Symptom", tax.symptom_ids, key=f"fb-symptom-{n}",
@@ -97,12 +95,12 @@ def _feedback(res: Loaded, result: dict) -> None:
             else:
                 result["saved"] = record
                 saved = record
-        if saved is not None:
-            changes = ", ".join(f"{name}: {getattr(saved.suggested, name)} → {getattr(saved.new, name)}"
-                                for name in saved.changed) or "labels as suggested"
-            st.success(f"Saved **{md(saved.incident_id)}** as a confirmed incident "
-                       f"({saved.action} by {md(saved.reviewer)}: {md(changes)}). "
-                       "The next search will find it.", icon=":material/task_alt:")
+    if saved is not None:
+        changes = ", ".join(f"{name}: {getattr(saved.suggested, name)} → {getattr(saved.new, name)}"
+                            for name in saved.changed) or "labels as suggested"
+        st.success(f"Saved **{md(saved.incident_id)}** as a confirmed incident "
+                   f"({saved.action} by {md(saved.reviewer)}: {md(changes)}). "
+                   "The next search will find it.", icon=":material/task_alt:")
 
 
 def _index(ids: list[str], value: str | None) -> int:
@@ -110,19 +108,22 @@ def _index(ids: list[str], value: str | None) -> int:
 
 
 def _chat(res: Loaded, result: dict, shown: Suggestion) -> None:
-    st.subheader("Ask about this suggestion")
+    st.markdown("#### Ask about this suggestion")
     history: list[dict] = result["chat"]
-    for message in history:
-        with st.chat_message(message["role"]):
-            st.markdown(md(message["content"]) if message["role"] == "user" else message["content"])
-    question = st.chat_input("Ask a follow-up, e.g. 'is it safe to resubmit?' or 'why not the network?'")
+    conversation = st.container()
+    with conversation:
+        for message in history:
+            with st.chat_message(message["role"]):
+                st.markdown(md(message["content"]) if message["role"] == "user" else message["content"])
+    question = st.container().chat_input("Ask a follow-up, e.g. 'is it safe to resubmit?'")
     if not question:
         return
-    with st.chat_message("user"):
+    with conversation, st.chat_message("user"):
         st.markdown(md(question))
-    with st.chat_message("assistant"):
-        answer = st.write_stream(answer_followup(res.engine, shown, question, history=list(history),
-                                                 generator=res.generator))
+    with conversation, st.chat_message("assistant"):
+        chunks = answer_followup(res.engine, shown, question, history=list(history),
+                                 generator=res.generator)
+        answer = st.write_stream(tame_markdown(chunk) for chunk in chunks)
     history.append({"role": "user", "content": question})
     history.append({"role": "assistant", "content": answer if isinstance(answer, str) else
                     "".join(str(part) for part in answer)})
@@ -145,11 +146,12 @@ def render() -> None:
     shown = apply_threshold(result["suggestion"], threshold, res.kb.taxonomy)
     with left:
         _ticket_text(result, shown)
-        st.caption(f"Suggested in {result['seconds'] * 1000:.0f} ms")
+        render_evidence(shown)
+        render_similar(shown, res.kb.taxonomy, res.kb.store)
     with right:
-        render_card(shown, res.kb.taxonomy, res.kb.store, threshold)
-    _feedback(res, result)
-    _chat(res, result, shown)
+        render_card(shown, res.kb.taxonomy, threshold)
+        _feedback(res, result)
+        _chat(res, result, shown)
 
 
 render()

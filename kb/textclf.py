@@ -1,0 +1,69 @@
+"""A supervised text classifier over the knowledge base: TF-IDF words plus the embedding,
+multinomial logistic regression. One of the classifier's features (kb/classify.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+TOKEN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]+|\d+"
+
+
+class TextClassifier:
+    """Predicts a label distribution for a ticket from its words and its embedding."""
+
+    def __init__(self, labels: list[str], strength: float = 16.0):
+        self.labels = labels
+        self.strength = strength
+        self._vectorizer = None
+        self._model = None
+        self._classes: list[int] = []
+
+    def _matrix(self, texts: list[str], vectors: np.ndarray, fit: bool = False):
+        from scipy.sparse import csr_matrix, hstack
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        if fit:
+            self._vectorizer = TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN)
+            words = self._vectorizer.fit_transform(texts)
+        else:
+            words = self._vectorizer.transform(texts)
+        return hstack([words, csr_matrix(np.asarray(vectors))]).tocsr()
+
+    def fit(self, texts: list[str], vectors: np.ndarray, truths: list[str]) -> "TextClassifier":
+        """Train on labelled texts (labels outside ``self.labels`` are ignored)."""
+        from sklearn.linear_model import LogisticRegression
+
+        keep = [i for i, t in enumerate(truths) if t in self.labels]
+        y = np.array([self.labels.index(truths[i]) for i in keep])
+        self._model = None
+        if len(set(y.tolist())) < 2:
+            return self
+        matrix = self._matrix([texts[i] for i in keep], np.asarray(vectors)[keep], fit=True)
+        self._model = LogisticRegression(C=self.strength, max_iter=3000).fit(matrix, y)
+        self._classes = self._model.classes_.tolist()
+        return self
+
+    def log_proba(self, texts: list[str], vectors: np.ndarray) -> np.ndarray:
+        """(n, len(labels)) log-probabilities; uniform when untrained, a small floor for unseen labels."""
+        out = np.full((len(texts), len(self.labels)), np.log(1.0 / len(self.labels)))
+        if self._model is None or not texts:
+            return out
+        probs = self._model.predict_proba(self._matrix(texts, vectors))
+        full = np.full((len(texts), len(self.labels)), 1e-3)
+        full[:, self._classes] = probs + 1e-3
+        return np.log(full / full.sum(axis=1, keepdims=True))
+
+
+def out_of_fold_log_proba(labels: list[str], texts: list[str], vectors: np.ndarray, truths: list[str],
+                          folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Log-probabilities for each text from a classifier that did not see it (k-fold)."""
+    rng = np.random.default_rng(seed)
+    assignment = rng.permutation(len(texts)) % folds
+    out = np.zeros((len(texts), len(labels)))
+    vectors = np.asarray(vectors)
+    for fold in range(folds):
+        train = np.where(assignment != fold)[0]
+        test = np.where(assignment == fold)[0]
+        clf = TextClassifier(labels).fit([texts[i] for i in train], vectors[train], [truths[i] for i in train])
+        out[test] = clf.log_proba([texts[i] for i in test], vectors[test])
+    return out

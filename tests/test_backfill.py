@@ -1,0 +1,278 @@
+"""Backfill: one record per id, resume after kill -9, skip by content hash, errors, write-back."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kb.annotate import annotation_record
+from kb.backfill import (BackfillError, BackfillOptions, BackfillState, backfill_engine, run_backfill,
+                         sidecar)
+from kb.incidents import Provenance
+from kb.knowledge import KnowledgeBase
+from kb.suggest import SuggestionEngine, Ticket
+from tests.conftest import ROOT, make_settings
+
+BUNDLED = sorted((ROOT / "data" / "incidents").glob("*.jsonl"))
+
+
+def bundled_records() -> list[dict]:
+    """The bundled incident reports as raw records."""
+    return [json.loads(line) for file in BUNDLED for line in file.read_text().splitlines() if line.strip()]
+
+
+def write_tickets(path: Path, n: int, prefix: str = "old") -> list[str]:
+    """n unlabelled tickets made from the bundled reports (ids prefix-0, prefix-1, ...); returns the ids."""
+    base = bundled_records()
+    ids = []
+    with path.open("w", encoding="utf-8") as sink:
+        for k in range(n):
+            src = base[k % len(base)]
+            ids.append(f"{prefix}-{k}")
+            sink.write(json.dumps({"id": ids[-1], "title": src["title"],
+                                   "description": f"{src['description']}\nSeen again on node gpu-{k:04d}."}) + "\n")
+    return ids
+
+
+def output_ids(path: Path) -> list[str]:
+    """Ids of an output JSONL, in file order."""
+    return [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def hashing_home(tmp_path_factory) -> Path:
+    """A knowledge base built from the bundled reports with the hashing embedder, calibrated."""
+    home = tmp_path_factory.mktemp("hashing") / "kb"
+    kb = KnowledgeBase(make_settings(home, embedder="hashing"))
+    kb.ensure_built()
+    SuggestionEngine(kb).calibration
+    return home
+
+
+@pytest.fixture
+def hashing_kb(tmp_path, hashing_home) -> KnowledgeBase:
+    """A private copy of the hashing knowledge base."""
+    home = tmp_path / "kb"
+    shutil.copytree(hashing_home, home)
+    return KnowledgeBase(make_settings(home, embedder="hashing"))
+
+
+def test_records_match_the_engine_with_the_real_model(bundled_kb, tmp_path):
+    source = tmp_path / "tickets.jsonl"
+    ids = write_tickets(source, 12)
+    out = tmp_path / "out.jsonl"
+    result = run_backfill(backfill_engine(bundled_kb), [source], BackfillOptions(out=out, batch_size=5))
+    assert (result.annotated, result.failed, result.in_output) == (12, 0, 12)
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert list(records) == ids
+    engine = SuggestionEngine(bundled_kb)
+    for line in source.read_text().splitlines()[:4]:
+        raw = json.loads(line)
+        expected = annotation_record(engine.suggest(Ticket(**raw), exclude={raw["id"]}))
+        got = records[raw["id"]]
+        assert set(got) == set(expected)
+        for key in ("root_cause", "symptom", "abstained", "retry_safe", "mitigation"):
+            assert got[key] == expected[key], key
+        assert got["root_cause_confidence"] == pytest.approx(expected["root_cause_confidence"], abs=1e-3)
+        assert [h["id"] for h in got["similar_incidents"]] == [h["id"] for h in expected["similar_incidents"]]
+
+
+def test_unchanged_rerun_skips_by_content_hash(hashing_kb, tmp_path):
+    source = tmp_path / "tickets.jsonl"
+    ids = write_tickets(source, 40)
+    options = BackfillOptions(out=tmp_path / "out.jsonl", batch_size=16)
+    first = run_backfill(backfill_engine(hashing_kb), [source], options)
+    assert (first.annotated, first.skipped) == (40, 0)
+    again = run_backfill(backfill_engine(hashing_kb), [source], options)
+    assert (again.annotated, again.skipped, again.failed) == (0, 40, 0)
+    lines = source.read_text().splitlines()
+    for n in (3, 17):  # edit two tickets: only they are annotated again, in place
+        record = json.loads(lines[n])
+        record["description"] += "\nnvidia-smi: GPU has fallen off the bus (Xid 79)."
+        lines[n] = json.dumps(record)
+    source.write_text("\n".join(lines) + "\n")
+    edited = run_backfill(backfill_engine(hashing_kb), [source], options)
+    assert (edited.annotated, edited.skipped) == (2, 38)
+    assert output_ids(options.out) == ids
+    rows = BackfillState(options.state_path())
+    try:
+        assert rows.db.execute("SELECT count(*) FROM records WHERE status = 'done'").fetchone()[0] == 40
+    finally:
+        rows.close()
+    evidence = json.loads(options.out.read_text().splitlines()[3])["evidence"]
+    assert any("xid" in e["signal"] or "bus" in e["signal"] for e in evidence)
+
+
+def test_bad_records_go_to_the_errors_file_and_the_run_goes_on(hashing_kb, tmp_path):
+    source = tmp_path / "tickets.jsonl"
+    ids = write_tickets(source, 6)
+    with source.open("a") as sink:
+        sink.write('{"id": "cut-1", "title": "GPU fell off the b\n')
+        sink.write(json.dumps({"id": "no-text", "title": "", "description": ""}) + "\n")
+        sink.write(json.dumps({"id": "blank", "title": "   ", "description": "  "}) + "\n")
+        sink.write(json.dumps({"id": "old-2", "title": "same id again", "description": "duplicate"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = run_backfill(backfill_engine(hashing_kb), [source], BackfillOptions(out=out))
+    assert (result.annotated, result.failed, result.read) == (6, 4, 10)
+    assert output_ids(out) == ids
+    errors = [json.loads(line) for line in sidecar(out, "errors.jsonl").read_text().splitlines()]
+    by_stage = {e["stage"]: e for e in errors}
+    assert set(by_stage) == {"input", "empty", "duplicate"}
+    truncated = next(e for e in errors if e["where"] == "line 7")
+    assert truncated["file"] == str(source) and "malformed JSON" in truncated["error"]
+    no_text = next(e for e in errors if e["where"] == "line 8")
+    assert "neither a title nor a description" in no_text["error"]
+    assert by_stage["empty"]["id"] == "blank" and "no title, description" in by_stage["empty"]["error"]
+    assert by_stage["duplicate"]["id"] == "old-2"
+    assert all(e["action"] for e in errors)
+
+
+def test_max_errors_stops_the_run_with_a_clear_message(hashing_kb, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pmkb.cli import app
+
+    source = tmp_path / "tickets.jsonl"
+    lines = [json.dumps({"id": f"bad-{n}", "title": ""}) for n in range(5)]
+    write_tickets(tmp_path / "good.jsonl", 30)
+    source.write_text("\n".join(lines) + "\n" + (tmp_path / "good.jsonl").read_text())
+    monkeypatch.setenv("PMKB_EMBEDDER", "hashing")
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(app, ["--kb", str(hashing_kb.settings.home), "backfill", str(source),
+                                      "--out", str(out), "--max-errors", "2", "--no-report"])
+    assert result.exit_code == 3, result.output
+    assert "more than --max-errors 2" in result.stderr and "re-run" in result.stderr
+    assert out.read_text() == ""  # stopped on the input's third bad line, before any ticket
+    assert len(sidecar(out, "errors.jsonl").read_text().splitlines()) == 3
+    relaxed = CliRunner().invoke(app, ["--kb", str(hashing_kb.settings.home), "backfill", str(source),
+                                       "--out", str(out), "--max-errors", "10", "--no-report"])
+    assert relaxed.exit_code == 1 and len(output_ids(out)) == 30
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_keeps_each_id_exactly_once(tmp_path, hashing_home):
+    home = tmp_path / "kb"
+    shutil.copytree(hashing_home, home)
+    source = tmp_path / "tickets.jsonl"
+    ids = write_tickets(source, 1200)
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "kb", "--kb", str(home), "backfill", str(source), "--out", str(out),
+               "--batch-size", "16", "--no-report"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_EMBEDDER": "hashing"}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 40:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL, "the run ended before it could be killed"
+    written = out.read_bytes().count(b"\n")
+    assert 40 <= written < len(ids)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    skipped = int(re.search(r"unchanged (\d+)", done.stdout).group(1))
+    assert skipped >= 40  # resumed, not started over
+    got = output_ids(out)
+    assert Counter(got).most_common(1)[0][1] == 1 and set(got) == set(ids) and len(got) == len(ids)
+
+
+def test_write_back_kb_adds_machine_suggested_incidents_that_do_not_vote(bundled_kb, tmp_path):
+    probe = Ticket(id="probe", title="All-reduce hangs then NCCL watchdog timeout on gpu-n12",
+                   description="After 3 hours the job died: watchdog caught collective operation timeout. "
+                               "ibstat on gpu-n12 shows port mlx5_2 State: Down.")
+    before = SuggestionEngine(bundled_kb).suggest(probe)
+    source = tmp_path / "tickets.jsonl"
+    with source.open("w") as sink:
+        for n in range(8):  # near copies of the probe, so they would crowd its neighbours if they counted
+            sink.write(json.dumps({"id": f"old-{n}", "title": f"{probe.title} (again, {n})",
+                                   "description": probe.description}) + "\n")
+        human = bundled_records()[0]
+        sink.write(json.dumps({"id": human["id"], "title": human["title"],
+                               "description": human["description"]}) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = run_backfill(backfill_engine(bundled_kb), [source], BackfillOptions(out=out, write_back="kb"))
+    assert result.failed == 0 and result.annotated == 9
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    store = bundled_kb.store
+    for record in records:
+        stored = store.get_incident(record["id"])
+        if record["id"] == human["id"]:  # a human-labelled incident is never overwritten
+            assert stored.provenance == Provenance.human_labelled and stored.root_cause == human["root_cause"]
+        elif record["abstained"]:
+            assert stored is None
+        else:
+            assert stored.provenance == Provenance.machine_suggested
+            assert (stored.root_cause, stored.symptom, stored.mitigation) == (
+                record["root_cause"], record["symptom"], record["mitigation"])
+    assert sum(1 for r in records[:8] if not r["abstained"]) == result.written_back > 0
+    after = SuggestionEngine(bundled_kb).suggest(probe)
+    assert after.root_cause_candidates == before.root_cause_candidates
+    assert after.symptom_candidates == before.symptom_candidates
+    again = run_backfill(backfill_engine(bundled_kb), [source], BackfillOptions(out=out, write_back="kb"))
+    assert (again.annotated, again.skipped) == (0, 9)
+
+
+def test_write_back_github_and_jira_dry_run(hashing_kb, tmp_path):
+    base = bundled_records()[:4]
+    export = tmp_path / "issues.json"
+    export.write_text(json.dumps([{"number": 10 + n, "html_url": f"https://github.com/acme/train/issues/{10 + n}",
+                                   "title": r["title"], "body": r["description"], "labels": []}
+                                  for n, r in enumerate(base)]))
+    outbox = tmp_path / "outbox.jsonl"
+    options = BackfillOptions(out=tmp_path / "gh.jsonl", write_back="github", outbox=outbox, concurrency=3)
+    result = run_backfill(backfill_engine(hashing_kb), [export], options)
+    assert (result.annotated, result.written_back, result.failed) == (4, 4, 0)
+    calls = [json.loads(line) for line in outbox.read_text().splitlines()]
+    comments = [c for c in calls if c["action"] == "upsert_comment"]
+    assert sorted(c["ticket"] for c in comments) == [f"acme/train#{10 + n}" for n in range(4)]
+    assert all("pmkb:suggestion" in c["json"]["body"] for c in comments)
+    csv_file = tmp_path / "jira.csv"
+    with csv_file.open("w", newline="") as sink:
+        rows = csv.writer(sink)
+        rows.writerow(["Issue key", "Summary", "Description"])
+        rows.writerows([f"OPS-{n}", r["title"], r["description"]] for n, r in enumerate(base, 1))
+        rows.writerow(["not-a-key", "Training slow", "GPU utilisation low"])
+    jira_box = tmp_path / "jira-outbox.jsonl"
+    result = run_backfill(backfill_engine(hashing_kb), [csv_file],
+                          BackfillOptions(out=tmp_path / "jira.jsonl", write_back="jira", outbox=jira_box))
+    assert (result.annotated, result.failed) == (4, 1)
+    assert {c["ticket"] for c in map(json.loads, jira_box.read_text().splitlines())} == {
+        f"OPS-{n}" for n in range(1, 5)}
+    error = json.loads(sidecar(tmp_path / "jira.jsonl", "errors.jsonl").read_text())
+    assert error["id"] == "not-a-key" and error["stage"] == "write_back" and "OPS-12" in error["error"]
+
+
+def test_llm_stage_is_skipped_with_a_log_line_when_the_layer_is_missing(hashing_kb, tmp_path, monkeypatch):
+    import kb.backfill
+
+    monkeypatch.setattr(kb.backfill, "LLM_MODULE", "kb.no_such_llm_layer")
+    hashing_kb.settings.llm = "openai"
+    source = tmp_path / "tickets.jsonl"
+    write_tickets(source, 3)
+    lines: list[str] = []
+    result = run_backfill(backfill_engine(hashing_kb), [source], BackfillOptions(out=tmp_path / "o.jsonl"),
+                          log=lines.append)
+    assert result.annotated == 3 and result.llm.startswith("skipped")
+    assert any("LLM stage skipped" in line for line in lines)
+
+
+def test_a_second_run_on_the_same_output_is_refused(tmp_path):
+    state = BackfillState(tmp_path / "out.state.sqlite3")
+    try:
+        with pytest.raises(BackfillError, match="another backfill is running"):
+            BackfillState(tmp_path / "out.state.sqlite3")
+    finally:
+        state.close()
+    BackfillState(tmp_path / "out.state.sqlite3").close()  # released once the first run ends

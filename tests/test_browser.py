@@ -1,0 +1,120 @@
+"""End to end in a real headless Chromium: `streamlit run app.py`, paste a ticket, read the root cause."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kb.knowledge import KnowledgeBase
+from kb.suggest import SuggestionEngine, Ticket
+
+from conftest import make_settings
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+START_TIMEOUT_S = 120
+TICKET = {
+    "title": "Megatron pretraining on gpu-h100-0417 crashed at step 48k",
+    "description": "Job 8812045 (64 nodes) exited with code 1 after 19h. Rank 211 raised RuntimeError: "
+                   "CUDA error: uncorrectable ECC error encountered, then every other rank failed on "
+                   "the NCCL abort. Can someone check the node? I'd like to restart from step 47500.",
+    "log": "NVRM: Xid (PCI:0000:9b:00): 94, pid=288113, name=python, Contained: CE User Channel (0x1)",
+}
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (loopback)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_app(home: Path, log_path: Path):
+    """`streamlit run app.py` on a free loopback port with PMKB_HOME=home; yields its URL."""
+    port = free_port()
+    env = {**os.environ, "PMKB_HOME": str(home)}
+    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+               "--server.port", str(port), "--server.address", "127.0.0.1",
+               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError(f"streamlit exited with {server.returncode}:\n"
+                                       f"{log_path.read_text()[-3000:]}")
+                try:
+                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
+                        if answer.read().strip() == b"ok":
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"streamlit did not answer within {START_TIMEOUT_S}s:\n"
+                                       f"{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def fill_ticket(page, ticket: dict) -> None:
+    """Type a ticket into the form and submit it."""
+    page.get_by_label("Title").fill(ticket["title"])
+    page.get_by_label("Description").fill(ticket["description"])
+    page.get_by_label("Log excerpt (optional)").fill(ticket.get("log", ""))
+    page.get_by_role("button", name="Suggest").click()
+
+
+@pytest.fixture
+def served_home(_built_kb_dir, embedder, tmp_path) -> Path:
+    """A private built knowledge base with fitted weights, as the page will open it."""
+    home = tmp_path / "kb"
+    shutil.copytree(_built_kb_dir, home)
+    SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration
+    return home
+
+
+def test_a_ticket_typed_in_the_browser_shows_the_engines_root_cause(served_home, embedder, tmp_path):
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (install it with `make chromium`)")
+    from playwright.sync_api import expect, sync_playwright
+
+    expected = SuggestionEngine(KnowledgeBase(make_settings(served_home), embedder=embedder)).suggest(
+        Ticket(**TICKET))
+    assert not expected.abstained
+    with serve_app(served_home, tmp_path / "streamlit.log") as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1400})
+            page.goto(url)
+            expect(page.get_by_label("Title")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
+            fill_ticket(page, TICKET)
+            expect(page.get_by_role("heading", name=expected.root_cause_name)).to_be_visible(timeout=60_000)
+            expect(page.get_by_text(f"confidence {expected.root_cause_confidence:.0%}")).to_be_visible()
+            expect(page.locator("mark")).to_have_count(len(expected.evidence))
+            expect(page.get_by_text("Similar past incidents")).to_be_visible()
+            page.screenshot(path=str(tmp_path / "triage.png"), full_page=True)
+        finally:
+            browser.close()
