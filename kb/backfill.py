@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator
 
 from kb import __version__
 from kb.annotate import annotation_record
+from kb.classify import Calibration
 from kb.incidents import Incident, Provenance
 from kb.knowledge import KnowledgeBase
 from kb.suggest import (EmptyTicket, PreparedTicket, Suggestion, SuggestionEngine, VotingRetriever,
@@ -194,13 +195,15 @@ def count_records(paths: list[Path]) -> int | None:
     return total
 
 
-def backfill_engine(kb: KnowledgeBase) -> SuggestionEngine:
+def backfill_engine(kb: KnowledgeBase, calibration: Calibration | None = None) -> SuggestionEngine:
     """An engine for a batch run: it retrieves the voting incidents as they were at the start.
 
     The run's own machine-suggested additions never vote, so reloading the corpus after each
-    written-back batch would only cost time.
+    written-back batch would only cost time. ``calibration``: weights to use instead of the
+    knowledge base's fitted ones.
     """
-    engine = SuggestionEngine(kb, retriever=VotingRetriever(kb, pinned=True))
+    engine = SuggestionEngine(kb, retriever=VotingRetriever(kb, pinned=True), calibration=calibration)
+    engine.retriever.refresh()  # loaded now, not raced for by the embedding thread
     engine.calibration
     return engine
 

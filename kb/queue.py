@@ -63,13 +63,14 @@ class Event:
     created_at: float
     last_error: str | None = None
     result: dict | None = None
+    finished_at: float | None = None
 
 
 def _event(row: sqlite3.Row) -> Event:
     return Event(id=row["id"], source=row["source"], delivery=row["delivery"], ticket=row["ticket"],
                  payload=json.loads(row["payload"]), content_hash=row["content_hash"], status=row["status"],
                  attempts=row["attempts"], created_at=row["created_at"], last_error=row["last_error"],
-                 result=json.loads(row["result"]) if row["result"] else None)
+                 result=json.loads(row["result"]) if row["result"] else None, finished_at=row["finished_at"])
 
 
 class EventQueue:
@@ -86,7 +87,8 @@ class EventQueue:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._connect().db.executescript(_SCHEMA)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> "_Transaction":
+        """This thread's connection, wrapped so that ``with`` runs one IMMEDIATE transaction."""
         db = getattr(self._local, "db", None)
         if db is None:
             db = sqlite3.connect(self.path, timeout=30, isolation_level=None)

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     low_gpu_taxonomy: Path = DATA_DIR / "low_gpu_utilisation.yaml"
     # Log-signature file (evidence rules).
     signatures: Path = DATA_DIR / "signatures.yaml"
+    # Classifier weights used until a knowledge base has its own (`pmkb calibrate`).
+    default_calibration: Path = DATA_DIR / "calibration.json"
     # Bundled incident reports used to build an empty knowledge base.
     bundled_incidents: Path = DATA_DIR / "incidents"
     # Embedding backend name (see kb.embedding.EMBEDDERS) and model.

@@ -12,7 +12,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb import __version__
-from kb.classify import (VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict)
+from kb.classify import (VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict,
+                         rank_within_dimension)
 from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
 from kb.incidents import Incident, trim_middle
 from kb.knowledge import KnowledgeBase
@@ -183,9 +184,12 @@ class SuggestionEngine:
 
     @property
     def calibration(self) -> Calibration:
-        """Fitted classifier weights: loaded, or fitted on the knowledge base when missing."""
+        """Fitted classifier weights: this knowledge base's own (``pmkb calibrate``), else the
+        weights shipped with pmkb (fitted on the bundled incidents), else fitted now."""
         if self._calibration is None:
-            self._calibration = Calibration.load(self.calibration_path) or self.fit_calibration()
+            self._calibration = (Calibration.load(self.calibration_path)
+                                 or Calibration.load(self.settings.default_calibration)
+                                 or self.fit_calibration())
         return self._calibration
 
     @cached_property
@@ -345,7 +349,8 @@ class SuggestionEngine:
         similar = self.retriever.retrieve_similar(query, k=self.settings.neighbours, query_vector=vector,
                                                   exclude=exclude, dense=dense)
         cause_f, symptom_f = self._features(query, vector, similar, evidence)
-        causes = predict(cause_f, self.calibration.root_cause)
+        causes = rank_within_dimension(predict(cause_f, self.calibration.root_cause),
+                                       self.kb.taxonomy.dimension_of)
         symptoms = predict(symptom_f, self.calibration.symptom)
         top_cause, top_p = causes[0]
         cause = self.kb.taxonomy.root_cause(top_cause)

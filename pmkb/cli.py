@@ -205,7 +205,7 @@ def open_engine(**overrides):
     from kb.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb(**overrides))
-    if not engine.calibration_path.exists():
+    if not engine.calibration_path.exists() and not engine.settings.default_calibration.exists():
         echo_err("fitting the classifier on the knowledge base (once) ...")
     engine.calibration
     return engine
@@ -320,12 +320,17 @@ def eval_cmd(
 
 
 @app.command()
-def calibrate() -> None:
+def calibrate(
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the weights here instead of the "
+                                       "knowledge base (e.g. data/calibration.json)."),
+) -> None:
     """Refit the classifier weights on the knowledge base (after adding many incidents)."""
     from kb.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb())
-    cal = engine.fit_calibration()
+    cal = engine.fit_calibration(save=out is None)
+    if out is not None:
+        cal.save(out)
     typer.echo(f"fitted on {cal.fitted_on}: log loss {cal.log_loss}\n{cal.model_dump_json(indent=2)}")
 
 

@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 
 from kb.queue import Event, EventQueue, PermanentError, Worker
 from kb.settings import Settings
@@ -284,7 +285,10 @@ class Service:
             self.metrics.failures.labels(event.source, outcome).inc()
 
     def accept(self, source: str, delivery: str, system: str, key: str, ticket: dict, extra: dict) -> JSONResponse:
-        """Commit the event to the queue, then acknowledge it (202); a redelivery is not queued again."""
+        """Commit the event to the queue, then acknowledge it (202); a redelivery is not queued again.
+
+        Called in a worker thread: the commit waits for the disk, and the event loop should not.
+        """
         from kb.writeback import TicketRef
 
         try:
@@ -394,8 +398,8 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
         key = f"{repo['full_name']}#{issue['number']}"
         ticket = {"id": key, "title": issue.get("title") or "", "description": issue.get("body") or ""}
         delivery = x_github_delivery or hashlib.sha256(body).hexdigest()
-        return svc.accept("github", delivery, "github", key, ticket,
-                          {"action": payload["action"], "url": issue.get("html_url")})
+        return await run_in_threadpool(svc.accept, "github", delivery, "github", key, ticket,
+                                       {"action": payload["action"], "url": issue.get("html_url")})
 
     @app.post("/webhooks/jira", status_code=202, summary="Jira issue webhook")
     async def jira_webhook(request: Request):
@@ -431,7 +435,7 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
         delivery = (request.headers.get("X-Atlassian-Webhook-Identifier")
                     or (f"{event}:{key}:{payload['timestamp']}" if payload.get("timestamp") else None)
                     or hashlib.sha256(body).hexdigest())
-        return svc.accept("jira", delivery, "jira", key, ticket, {"action": event})
+        return await run_in_threadpool(svc.accept, "jira", delivery, "jira", key, ticket, {"action": event})
 
     @app.post("/v1/annotate", response_model=Suggestion, summary="Suggest for one ticket, synchronously")
     def annotate(req: AnnotateRequest, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):

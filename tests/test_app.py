@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kb.classify import Calibration
 from kb.evidence import Evidence
 from kb.feedback import AUDIT_FILE
 from kb.knowledge import KnowledgeBase
@@ -33,29 +34,47 @@ ECC_TICKET = {
                    "ECC error encountered. <script>alert('x')</script> *not bold* $x$",
     "log": "NVRM: Xid (PCI:0000:9b:00): 94, pid=288113, name=python, Contained: CE User Channel",
 }
-VAGUE_TICKET = {"title": "something is off", "description": "zebra banana purple otter quantum"}
+VAGUE_TICKET = {"title": "", "description": "zebra banana purple otter quantum"}
 
 
 @pytest.fixture(scope="module")
 def calibrated_home(_built_kb_dir, embedder, tmp_path_factory) -> Path:
-    """A built knowledge base with its classifier weights fitted, copied once per module."""
+    """A built knowledge base whose classifier weights are saved (the defaults: nothing to fit)."""
     home = tmp_path_factory.mktemp("app") / "kb"
     shutil.copytree(_built_kb_dir, home)
-    SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration
+    Calibration().save(SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration_path)
+    return home
+
+
+@pytest.fixture(scope="module")
+def read_only_home(calibrated_home, tmp_path_factory) -> Path:
+    """One copy shared by the tests that do not write, so the page's engine is built once for them."""
+    home = tmp_path_factory.mktemp("app-read-only") / "kb"
+    shutil.copytree(calibrated_home, home)
+    return home
+
+
+def _point_app_at(home: Path, monkeypatch) -> Path:
+    from ui.resources import app_settings
+
+    monkeypatch.setenv("PMKB_HOME", str(home))
+    app_settings.clear()  # settings are read once per process: read them again for this home
     return home
 
 
 @pytest.fixture
-def app_home(calibrated_home, tmp_path, monkeypatch) -> Path:
-    """PMKB_HOME on a private copy; the page reads its settings afresh."""
-    from ui.resources import app_settings
+def app_home(read_only_home, monkeypatch) -> Path:
+    """PMKB_HOME on the shared copy (the test must not save feedback)."""
+    yield _point_app_at(read_only_home, monkeypatch)
+    assert not (read_only_home / AUDIT_FILE).exists(), "a read-only test wrote to the knowledge base"
 
+
+@pytest.fixture
+def writable_home(calibrated_home, tmp_path, monkeypatch) -> Path:
+    """PMKB_HOME on a private copy the test may write to."""
     home = tmp_path / "kb"
     shutil.copytree(calibrated_home, home)
-    monkeypatch.setenv("PMKB_HOME", str(home))
-    app_settings.clear()
-    yield home
-    app_settings.clear()
+    return _point_app_at(home, monkeypatch)
 
 
 def open_app(page: str | None = None) -> AppTest:
@@ -86,12 +105,14 @@ def markdown(at: AppTest) -> str:
     return "\n".join(m.value for m in at.markdown)
 
 
-def engine_for(home: Path, embedder) -> SuggestionEngine:
-    return SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder))
+@pytest.fixture(scope="module")
+def reference(calibrated_home, embedder) -> SuggestionEngine:
+    """The engine, outside the page, on the knowledge base the page's copies come from."""
+    return SuggestionEngine(KnowledgeBase(make_settings(calibrated_home), embedder=embedder))
 
 
-def test_a_ticket_shows_the_engines_root_cause_with_evidence_highlighted(app_home, embedder):
-    expected = engine_for(app_home, embedder).suggest(Ticket(**ECC_TICKET))
+def test_a_ticket_shows_the_engines_root_cause_with_evidence_highlighted(app_home, reference):
+    expected = reference.suggest(Ticket(**ECC_TICKET))
     assert not expected.abstained
     at = submit(open_app(), ECC_TICKET)
 
@@ -110,7 +131,8 @@ def test_a_ticket_shows_the_engines_root_cause_with_evidence_highlighted(app_hom
     assert "Resolution" in text  # similar incidents open on their full record
 
 
-def test_an_unsure_engine_says_not_sure_and_the_slider_changes_what_is_shown(app_home):
+def test_an_unsure_engine_says_not_sure_and_the_slider_changes_what_is_shown(app_home, reference):
+    assert reference.suggest(Ticket(**VAGUE_TICKET)).abstained, "pick a vaguer ticket: the engine is sure"
     at = submit(open_app(), VAGUE_TICKET)
     assert at.warning and "Not sure" in at.warning[0].value
     assert not at.progress
@@ -121,7 +143,8 @@ def test_an_unsure_engine_says_not_sure_and_the_slider_changes_what_is_shown(app
     assert "Not sure" in at.warning[0].value
 
 
-def test_feedback_is_saved_audited_and_found_by_the_next_search(app_home, embedder):
+def test_feedback_is_saved_audited_and_found_by_the_next_search(writable_home, embedder):
+    app_home = writable_home
     ticket = {**ECC_TICKET, "id": "OPS-4242"}
     at = submit(open_app(), ticket)
     at.selectbox(key="fb-cause-1").set_value("gpu_lost")
@@ -157,7 +180,7 @@ def test_a_follow_up_question_gets_the_retrieval_answer_without_a_model(app_home
 def test_the_dashboard_renders_beside_the_published_split(app_home, shared_bundled_kb):
     at = open_app("ui/dashboard_page.py")
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Incidents"] == str(shared_bundled_kb.store.count())
+    assert metrics["Incidents"] == metrics["Labelled"] == str(shared_bundled_kb.store.count())
     split = at.dataframe[0].value
     assert list(split["Platform-X"]) == ["28.33%", "28.33%", "43.34%"]
     assert "Gao et al" in " ".join(c.value for c in at.caption)
@@ -178,7 +201,7 @@ def test_browsing_filters_by_dimension_and_text(app_home, shared_bundled_kb):
     assert "row remap pending" in markdown(at)  # the chosen incident opens with its resolution
 
 
-def test_a_broken_configuration_is_named_on_the_page(app_home, monkeypatch, tmp_path):
+def test_a_broken_configuration_is_named_on_the_page(writable_home, monkeypatch, tmp_path):
     monkeypatch.setenv("PMKB_TAXONOMY", str(tmp_path / "missing.yaml"))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
     assert "pmkb cannot start" in at.error[0].value and "missing.yaml" in at.error[0].value
@@ -212,13 +235,11 @@ def test_untrusted_text_is_escaped_and_only_web_links_are_linked():
     assert safe_link("javascript:alert(1)") is None and safe_link("pmkb-bundled") is None
 
 
-def test_the_threshold_is_applied_to_what_is_shown(shared_bundled_kb):
-    from kb.classify import Calibration
-
-    engine = SuggestionEngine(shared_bundled_kb, calibration=Calibration())
-    s = engine.suggest(Ticket(**ECC_TICKET))
-    assert not s.abstained and s.retry_safe == shared_bundled_kb.taxonomy.root_cause(s.root_cause).retry_safe
-    strict = apply_threshold(s, 1.0, shared_bundled_kb.taxonomy)
+def test_the_threshold_is_applied_to_what_is_shown(reference):
+    taxonomy = reference.kb.taxonomy
+    s = reference.suggest(Ticket(**ECC_TICKET))
+    assert not s.abstained and s.retry_safe == taxonomy.root_cause(s.root_cause).retry_safe
+    strict = apply_threshold(s, 1.0, taxonomy)
     assert strict.abstained and not strict.retry_safe and strict.explanation.startswith("Not sure")
-    assert apply_threshold(strict, 0.0, shared_bundled_kb.taxonomy).retry_safe == s.retry_safe
-    assert apply_threshold(s, 0.0, shared_bundled_kb.taxonomy) is s
+    assert apply_threshold(strict, 0.0, taxonomy).retry_safe == s.retry_safe
+    assert apply_threshold(s, 0.0, taxonomy) is s

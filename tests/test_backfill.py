@@ -19,6 +19,7 @@ import pytest
 from kb.annotate import annotation_record
 from kb.backfill import (BackfillError, BackfillOptions, BackfillState, backfill_engine, run_backfill,
                          sidecar)
+from kb.classify import Calibration
 from kb.incidents import Provenance
 from kb.knowledge import KnowledgeBase
 from kb.suggest import SuggestionEngine, Ticket
@@ -52,32 +53,28 @@ def output_ids(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hashing_home(tmp_path_factory) -> Path:
-    """A knowledge base built from the bundled reports with the hashing embedder, calibrated."""
+    """A knowledge base built from the bundled reports with the hashing embedder.
+
+    Default classifier weights are saved as its calibration, so no run spends time fitting them.
+    """
     home = tmp_path_factory.mktemp("hashing") / "kb"
-    kb = KnowledgeBase(make_settings(home, embedder="hashing"))
-    kb.ensure_built()
-    SuggestionEngine(kb).calibration
+    KnowledgeBase(make_settings(home, embedder="hashing")).ensure_built()
+    Calibration().save(home / "calibration.json")
     return home
 
 
-@pytest.fixture
-def hashing_kb(tmp_path, hashing_home) -> KnowledgeBase:
-    """A private copy of the hashing knowledge base."""
-    home = tmp_path / "kb"
+@pytest.fixture(scope="module")
+def hashing_engine(hashing_home, tmp_path_factory) -> SuggestionEngine:
+    """A backfill engine over a copy of the hashing knowledge base, shared by tests that only read it."""
+    home = tmp_path_factory.mktemp("shared") / "kb"
     shutil.copytree(hashing_home, home)
-    return KnowledgeBase(make_settings(home, embedder="hashing"))
+    return backfill_engine(KnowledgeBase(make_settings(home, embedder="hashing")))
 
 
-def test_records_match_the_engine_with_the_real_model(bundled_kb, tmp_path):
-    source = tmp_path / "tickets.jsonl"
-    ids = write_tickets(source, 12)
-    out = tmp_path / "out.jsonl"
-    result = run_backfill(backfill_engine(bundled_kb), [source], BackfillOptions(out=out, batch_size=5))
-    assert (result.annotated, result.failed, result.in_output) == (12, 0, 12)
+def assert_same_as_single_suggestions(engine: SuggestionEngine, source: Path, out: Path, n: int) -> None:
+    """The first n output records equal what ``engine.suggest`` gives for those tickets one by one."""
     records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert list(records) == ids
-    engine = SuggestionEngine(bundled_kb)
-    for line in source.read_text().splitlines()[:4]:
+    for line in source.read_text().splitlines()[:n]:
         raw = json.loads(line)
         expected = annotation_record(engine.suggest(Ticket(**raw), exclude={raw["id"]}))
         got = records[raw["id"]]
@@ -88,13 +85,23 @@ def test_records_match_the_engine_with_the_real_model(bundled_kb, tmp_path):
         assert [h["id"] for h in got["similar_incidents"]] == [h["id"] for h in expected["similar_incidents"]]
 
 
-def test_unchanged_rerun_skips_by_content_hash(hashing_kb, tmp_path):
+def test_batched_records_match_single_suggestions(hashing_engine, tmp_path):
+    source = tmp_path / "tickets.jsonl"
+    ids = write_tickets(source, 12)
+    out = tmp_path / "out.jsonl"
+    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out, batch_size=5))
+    assert (result.annotated, result.failed, result.in_output) == (12, 0, 12)
+    assert output_ids(out) == ids
+    assert_same_as_single_suggestions(hashing_engine, source, out, 12)
+
+
+def test_unchanged_rerun_skips_by_content_hash(hashing_engine, tmp_path):
     source = tmp_path / "tickets.jsonl"
     ids = write_tickets(source, 40)
     options = BackfillOptions(out=tmp_path / "out.jsonl", batch_size=16)
-    first = run_backfill(backfill_engine(hashing_kb), [source], options)
+    first = run_backfill(hashing_engine, [source], options)
     assert (first.annotated, first.skipped) == (40, 0)
-    again = run_backfill(backfill_engine(hashing_kb), [source], options)
+    again = run_backfill(hashing_engine, [source], options)
     assert (again.annotated, again.skipped, again.failed) == (0, 40, 0)
     lines = source.read_text().splitlines()
     for n in (3, 17):  # edit two tickets: only they are annotated again, in place
@@ -102,7 +109,7 @@ def test_unchanged_rerun_skips_by_content_hash(hashing_kb, tmp_path):
         record["description"] += "\nnvidia-smi: GPU has fallen off the bus (Xid 79)."
         lines[n] = json.dumps(record)
     source.write_text("\n".join(lines) + "\n")
-    edited = run_backfill(backfill_engine(hashing_kb), [source], options)
+    edited = run_backfill(hashing_engine, [source], options)
     assert (edited.annotated, edited.skipped) == (2, 38)
     assert output_ids(options.out) == ids
     rows = BackfillState(options.state_path())
@@ -114,7 +121,7 @@ def test_unchanged_rerun_skips_by_content_hash(hashing_kb, tmp_path):
     assert any("xid" in e["signal"] or "bus" in e["signal"] for e in evidence)
 
 
-def test_bad_records_go_to_the_errors_file_and_the_run_goes_on(hashing_kb, tmp_path):
+def test_bad_records_go_to_the_errors_file_and_the_run_goes_on(hashing_engine, tmp_path):
     source = tmp_path / "tickets.jsonl"
     ids = write_tickets(source, 6)
     with source.open("a") as sink:
@@ -123,7 +130,7 @@ def test_bad_records_go_to_the_errors_file_and_the_run_goes_on(hashing_kb, tmp_p
         sink.write(json.dumps({"id": "blank", "title": "   ", "description": "  "}) + "\n")
         sink.write(json.dumps({"id": "old-2", "title": "same id again", "description": "duplicate"}) + "\n")
     out = tmp_path / "out.jsonl"
-    result = run_backfill(backfill_engine(hashing_kb), [source], BackfillOptions(out=out))
+    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out))
     assert (result.annotated, result.failed, result.read) == (6, 4, 10)
     assert output_ids(out) == ids
     errors = [json.loads(line) for line in sidecar(out, "errors.jsonl").read_text().splitlines()]
@@ -138,7 +145,7 @@ def test_bad_records_go_to_the_errors_file_and_the_run_goes_on(hashing_kb, tmp_p
     assert all(e["action"] for e in errors)
 
 
-def test_max_errors_stops_the_run_with_a_clear_message(hashing_kb, tmp_path, monkeypatch):
+def test_max_errors_stops_the_run_with_a_clear_message(hashing_home, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from pmkb.cli import app
@@ -148,14 +155,16 @@ def test_max_errors_stops_the_run_with_a_clear_message(hashing_kb, tmp_path, mon
     write_tickets(tmp_path / "good.jsonl", 30)
     source.write_text("\n".join(lines) + "\n" + (tmp_path / "good.jsonl").read_text())
     monkeypatch.setenv("PMKB_EMBEDDER", "hashing")
+    home = tmp_path / "kb"
+    shutil.copytree(hashing_home, home)
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(app, ["--kb", str(hashing_kb.settings.home), "backfill", str(source),
+    result = CliRunner().invoke(app, ["--kb", str(home), "backfill", str(source),
                                       "--out", str(out), "--max-errors", "2", "--no-report"])
     assert result.exit_code == 3, result.output
     assert "more than --max-errors 2" in result.stderr and "re-run" in result.stderr
     assert out.read_text() == ""  # stopped on the input's third bad line, before any ticket
     assert len(sidecar(out, "errors.jsonl").read_text().splitlines()) == 3
-    relaxed = CliRunner().invoke(app, ["--kb", str(hashing_kb.settings.home), "backfill", str(source),
+    relaxed = CliRunner().invoke(app, ["--kb", str(home), "backfill", str(source),
                                        "--out", str(out), "--max-errors", "10", "--no-report"])
     assert relaxed.exit_code == 1 and len(output_ids(out)) == 30
 
@@ -188,11 +197,13 @@ def test_resume_after_kill_9_keeps_each_id_exactly_once(tmp_path, hashing_home):
     assert Counter(got).most_common(1)[0][1] == 1 and set(got) == set(ids) and len(got) == len(ids)
 
 
-def test_write_back_kb_adds_machine_suggested_incidents_that_do_not_vote(bundled_kb, tmp_path):
+def test_write_back_kb_with_the_real_model(bundled_kb, tmp_path):
+    """Machine-suggested incidents are added with the suggestion's labels and do not vote."""
     probe = Ticket(id="probe", title="All-reduce hangs then NCCL watchdog timeout on gpu-n12",
                    description="After 3 hours the job died: watchdog caught collective operation timeout. "
                                "ibstat on gpu-n12 shows port mlx5_2 State: Down.")
-    before = SuggestionEngine(bundled_kb).suggest(probe)
+    engine = backfill_engine(bundled_kb, calibration=Calibration())
+    before = engine.suggest(probe)
     source = tmp_path / "tickets.jsonl"
     with source.open("w") as sink:
         for n in range(8):  # near copies of the probe, so they would crowd its neighbours if they counted
@@ -202,8 +213,9 @@ def test_write_back_kb_adds_machine_suggested_incidents_that_do_not_vote(bundled
         sink.write(json.dumps({"id": human["id"], "title": human["title"],
                                "description": human["description"]}) + "\n")
     out = tmp_path / "out.jsonl"
-    result = run_backfill(backfill_engine(bundled_kb), [source], BackfillOptions(out=out, write_back="kb"))
+    result = run_backfill(engine, [source], BackfillOptions(out=out, write_back="kb", batch_size=4))
     assert result.failed == 0 and result.annotated == 9
+    assert_same_as_single_suggestions(engine, source, out, 3)  # batched real-model path = one by one
     records = [json.loads(line) for line in out.read_text().splitlines()]
     store = bundled_kb.store
     for record in records:
@@ -217,14 +229,12 @@ def test_write_back_kb_adds_machine_suggested_incidents_that_do_not_vote(bundled
             assert (stored.root_cause, stored.symptom, stored.mitigation) == (
                 record["root_cause"], record["symptom"], record["mitigation"])
     assert sum(1 for r in records[:8] if not r["abstained"]) == result.written_back > 0
-    after = SuggestionEngine(bundled_kb).suggest(probe)
+    after = SuggestionEngine(bundled_kb, calibration=Calibration()).suggest(probe)  # a later, fresh engine
     assert after.root_cause_candidates == before.root_cause_candidates
     assert after.symptom_candidates == before.symptom_candidates
-    again = run_backfill(backfill_engine(bundled_kb), [source], BackfillOptions(out=out, write_back="kb"))
-    assert (again.annotated, again.skipped) == (0, 9)
 
 
-def test_write_back_github_and_jira_dry_run(hashing_kb, tmp_path):
+def test_write_back_github_and_jira_dry_run(hashing_engine, tmp_path):
     base = bundled_records()[:4]
     export = tmp_path / "issues.json"
     export.write_text(json.dumps([{"number": 10 + n, "html_url": f"https://github.com/acme/train/issues/{10 + n}",
@@ -232,12 +242,16 @@ def test_write_back_github_and_jira_dry_run(hashing_kb, tmp_path):
                                   for n, r in enumerate(base)]))
     outbox = tmp_path / "outbox.jsonl"
     options = BackfillOptions(out=tmp_path / "gh.jsonl", write_back="github", outbox=outbox, concurrency=3)
-    result = run_backfill(backfill_engine(hashing_kb), [export], options)
+    result = run_backfill(hashing_engine, [export], options)
     assert (result.annotated, result.written_back, result.failed) == (4, 4, 0)
     calls = [json.loads(line) for line in outbox.read_text().splitlines()]
     comments = [c for c in calls if c["action"] == "upsert_comment"]
     assert sorted(c["ticket"] for c in comments) == [f"acme/train#{10 + n}" for n in range(4)]
     assert all("pmkb:suggestion" in c["json"]["body"] for c in comments)
+    again = run_backfill(hashing_engine, [export], options)  # written back already: skipped
+    assert (again.annotated, again.skipped) == (0, 4) and len(outbox.read_text().splitlines()) == len(calls)
+    plain = run_backfill(hashing_engine, [export], BackfillOptions(out=options.out))
+    assert (plain.annotated, plain.skipped) == (0, 4)
     csv_file = tmp_path / "jira.csv"
     with csv_file.open("w", newline="") as sink:
         rows = csv.writer(sink)
@@ -245,7 +259,7 @@ def test_write_back_github_and_jira_dry_run(hashing_kb, tmp_path):
         rows.writerows([f"OPS-{n}", r["title"], r["description"]] for n, r in enumerate(base, 1))
         rows.writerow(["not-a-key", "Training slow", "GPU utilisation low"])
     jira_box = tmp_path / "jira-outbox.jsonl"
-    result = run_backfill(backfill_engine(hashing_kb), [csv_file],
+    result = run_backfill(hashing_engine, [csv_file],
                           BackfillOptions(out=tmp_path / "jira.jsonl", write_back="jira", outbox=jira_box))
     assert (result.annotated, result.failed) == (4, 1)
     assert {c["ticket"] for c in map(json.loads, jira_box.read_text().splitlines())} == {
@@ -254,15 +268,16 @@ def test_write_back_github_and_jira_dry_run(hashing_kb, tmp_path):
     assert error["id"] == "not-a-key" and error["stage"] == "write_back" and "OPS-12" in error["error"]
 
 
-def test_llm_stage_is_skipped_with_a_log_line_when_the_layer_is_missing(hashing_kb, tmp_path, monkeypatch):
+def test_llm_stage_is_skipped_with_a_log_line_when_the_layer_is_missing(hashing_engine, tmp_path,
+                                                                       monkeypatch):
     import kb.backfill
 
     monkeypatch.setattr(kb.backfill, "LLM_MODULE", "kb.no_such_llm_layer")
-    hashing_kb.settings.llm = "openai"
+    monkeypatch.setattr(hashing_engine.settings, "llm", "openai")
     source = tmp_path / "tickets.jsonl"
     write_tickets(source, 3)
     lines: list[str] = []
-    result = run_backfill(backfill_engine(hashing_kb), [source], BackfillOptions(out=tmp_path / "o.jsonl"),
+    result = run_backfill(hashing_engine, [source], BackfillOptions(out=tmp_path / "o.jsonl"),
                           log=lines.append)
     assert result.annotated == 3 and result.llm.startswith("skipped")
     assert any("LLM stage skipped" in line for line in lines)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kb.classify import Calibration
 from kb.knowledge import KnowledgeBase
 from kb.suggest import SuggestionEngine, Ticket
 
@@ -26,6 +27,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 START_TIMEOUT_S = 120
+PAGE_READY_S = 300  # the first page load opens the knowledge base and warms the engine up
 TICKET = {
     "title": "Megatron pretraining on gpu-h100-0417 crashed at step 48k",
     "description": "Job 8812045 (64 nodes) exited with code 1 after 19h. Rank 211 raised RuntimeError: "
@@ -89,10 +91,10 @@ def fill_ticket(page, ticket: dict) -> None:
 
 @pytest.fixture
 def served_home(_built_kb_dir, embedder, tmp_path) -> Path:
-    """A private built knowledge base with fitted weights, as the page will open it."""
+    """A private built knowledge base with saved (default) weights, as the page will open it."""
     home = tmp_path / "kb"
     shutil.copytree(_built_kb_dir, home)
-    SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration
+    Calibration().save(SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration_path)
     return home
 
 
@@ -109,7 +111,7 @@ def test_a_ticket_typed_in_the_browser_shows_the_engines_root_cause(served_home,
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 1400})
             page.goto(url)
-            expect(page.get_by_label("Title")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
+            expect(page.get_by_label("Title")).to_be_visible(timeout=PAGE_READY_S * 1000)
             fill_ticket(page, TICKET)
             expect(page.get_by_role("heading", name=expected.root_cause_name)).to_be_visible(timeout=60_000)
             expect(page.get_by_text(f"confidence {expected.root_cause_confidence:.0%}")).to_be_visible()

@@ -11,7 +11,9 @@ from kb.classify import Calibration
 from kb.feedback import (AUDIT_FILE, FeedbackError, LabelSet, audit_lines, audit_path, incident_id_for,
                          read_audit, save_feedback, ticket_incident)
 from kb.search import Retriever
-from kb.suggest import SuggestionEngine, Ticket
+from kb.suggest import Suggestion, SuggestionEngine, Ticket
+
+from conftest import make_settings
 
 TICKET = Ticket(
     id="OPS-7731",
@@ -22,15 +24,14 @@ TICKET = Ticket(
 )
 
 
-@pytest.fixture
-def engine(bundled_kb) -> SuggestionEngine:
-    """The engine on a private knowledge base (default weights: no fitting needed)."""
-    return SuggestionEngine(bundled_kb, calibration=Calibration())
+@pytest.fixture(scope="module")
+def suggestion(shared_bundled_kb) -> Suggestion:
+    """The engine's suggestion for the ticket (default weights: no fitting), computed once."""
+    return SuggestionEngine(shared_bundled_kb, calibration=Calibration()).suggest(TICKET)
 
 
-def test_accepting_stores_a_confirmed_incident_and_an_audit_record(engine):
-    kb = engine.kb
-    suggestion = engine.suggest(TICKET)
+def test_accepting_stores_a_confirmed_incident_and_an_audit_record(bundled_kb, suggestion):
+    kb = bundled_kb
     before = kb.store.count()
     at = datetime(2025, 3, 4, 2, 17, tzinfo=timezone.utc)
     labels = LabelSet(symptom=suggestion.symptom, root_cause=suggestion.root_cause,
@@ -57,11 +58,10 @@ def test_accepting_stores_a_confirmed_incident_and_an_audit_record(engine):
     assert raw["suggestion"]["trace"]["engine"].startswith("pmkb-engine/")
 
 
-def test_correction_records_old_and_new_labels_and_search_finds_it_at_once(engine):
-    kb = engine.kb
+def test_correction_records_old_and_new_labels_and_search_finds_it_at_once(bundled_kb, suggestion):
+    kb = bundled_kb
     retriever = Retriever(kb)
     retriever.retrieve_similar("warm the lexical index", k=1)  # loaded before the save
-    suggestion = engine.suggest(TICKET)
     labels = LabelSet(symptom="job_crash", root_cause="gpu_lost", mitigation="job_resubmission")
     assert suggestion.root_cause != "gpu_lost"
 
@@ -79,9 +79,8 @@ def test_correction_records_old_and_new_labels_and_search_finds_it_at_once(engin
            if suggestion.mitigation != "job_resubmission" else ")"))
 
 
-def test_saving_again_records_the_labels_it_replaced(engine):
-    kb = engine.kb
-    suggestion = engine.suggest(TICKET)
+def test_saving_again_records_the_labels_it_replaced(bundled_kb, suggestion):
+    kb = bundled_kb
     first = LabelSet(symptom="job_crash", root_cause="gpu_memory_error", mitigation="node_repair")
     second = LabelSet(symptom="job_crash", root_cause="gpu_lost", mitigation="node_repair")
     save_feedback(kb, TICKET, suggestion, first, reviewer="ada")
@@ -91,13 +90,12 @@ def test_saving_again_records_the_labels_it_replaced(engine):
     assert kb.store.count() == count  # replaced, not duplicated
     assert record.previous == first and record.new == second
     assert [r.reviewer for r in read_audit(kb.settings)] == ["ada", "grace"]
-    engine.retriever.refresh()
-    assert engine.retriever.retrieve_similar(TICKET.text(), k=1)[0].root_cause == "gpu_lost"
+    retriever = Retriever(kb)
+    assert retriever.retrieve_similar(TICKET.text(), k=1)[0].root_cause == "gpu_lost"
 
 
-def test_labels_outside_the_taxonomy_are_refused_and_nothing_is_written(engine):
-    kb = engine.kb
-    suggestion = engine.suggest(TICKET)
+def test_labels_outside_the_taxonomy_are_refused_and_nothing_is_written(bundled_kb, suggestion):
+    kb = bundled_kb
     count = kb.store.count()
     with pytest.raises(FeedbackError, match="unknown root_cause 'cosmic_rays'"):
         save_feedback(kb, TICKET, suggestion, LabelSet(symptom="job_crash", root_cause="cosmic_rays"))
@@ -119,9 +117,10 @@ def test_a_ticket_without_an_id_gets_a_stable_one_from_its_text():
     assert incident.title == "first line" and incident.source == "pmkb-feedback"
 
 
-def test_a_damaged_audit_log_is_reported_with_its_line(engine, tmp_path):
-    path = audit_path(engine.kb.settings)
+def test_a_damaged_audit_log_is_reported_with_its_line(tmp_path):
+    settings = make_settings(tmp_path / "kb")
+    path = audit_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{not json}\n")
     with pytest.raises(FeedbackError, match=r"line 1: not a feedback record"):
-        read_audit(engine.kb.settings)
+        read_audit(settings)

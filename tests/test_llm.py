@@ -37,10 +37,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def engine_with(home, embedder, **llm_settings) -> SuggestionEngine:
-    """An engine over an existing knowledge base with LLM settings (default calibration, nothing written)."""
-    return SuggestionEngine(KnowledgeBase(Settings(home=home, **llm_settings), embedder=embedder),
+@pytest.fixture(scope="module")
+def engine(_built_kb_dir, embedder) -> SuggestionEngine:
+    """One engine over the bundled knowledge base for the module (default calibration, nothing written)."""
+    return SuggestionEngine(KnowledgeBase(Settings(home=_built_kb_dir), embedder=embedder),
                             calibration=Calibration())
+
+
+def llm_settings(home, **kw) -> Settings:
+    """Settings with LLM fields, for building generators."""
+    return Settings(home=home, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -132,16 +138,22 @@ def test_response_cache_memory_disk_and_lru(tmp_path):
 
 # --- fallbacks without a model ---------------------------------------------------------------
 
-def test_none_backend_is_the_engine(_built_kb_dir, embedder):
-    engine = engine_with(_built_kb_dir, embedder)
+def test_make_suggester_follows_the_setting(_built_kb_dir, embedder, engine):
     assert make_suggester(engine) is engine
+    configured = SuggestionEngine(KnowledgeBase(llm_settings(_built_kb_dir, llm="llamacpp",
+                                                             llm_model="/nowhere/model.gguf"), embedder=embedder))
+    suggester = make_suggester(configured)
+    assert isinstance(suggester, LLMSuggester) and isinstance(suggester.generator, LlamaCppGenerator)
+    unconfigured = SuggestionEngine(KnowledgeBase(llm_settings(_built_kb_dir, llm="openai"), embedder=embedder))
+    suggester = make_suggester(unconfigured)  # no base URL: the engine still answers, with the reason
+    assert suggester.generator is None and "PMKB_LLM_BASE_URL" in suggester.setup_error
 
 
-def test_server_down_returns_the_engine_answer_with_the_flag(_built_kb_dir, embedder, tmp_path):
+def test_server_down_returns_the_engine_answer_with_the_flag(_built_kb_dir, engine, tmp_path):
     port = free_port()  # nothing listens there
-    engine = engine_with(_built_kb_dir, embedder, llm="openai", llm_base_url=f"http://127.0.0.1:{port}/v1",
-                         llm_model="served", llm_timeout=5)
-    suggester = LLMSuggester(engine, make_generator(engine.settings), cache=ResponseCache(tmp_path))
+    settings = llm_settings(_built_kb_dir, llm="openai", llm_base_url=f"http://127.0.0.1:{port}/v1",
+                            llm_model="served", llm_timeout=5)
+    suggester = LLMSuggester(engine, make_generator(settings), cache=ResponseCache(tmp_path))
     started = time.perf_counter()
     result = suggester.suggest(XID_TICKET)
     plain = engine.suggest(XID_TICKET)
@@ -153,9 +165,9 @@ def test_server_down_returns_the_engine_answer_with_the_flag(_built_kb_dir, embe
     assert result.trace["llm"]["backend"] == "openai" and result.trace["prompt"]["name"] == "suggest"
 
 
-def test_missing_gguf_returns_the_engine_answer_with_the_flag(_built_kb_dir, embedder, tmp_path):
-    engine = engine_with(_built_kb_dir, embedder, llm="llamacpp", llm_model=str(tmp_path / "absent.gguf"))
-    result = make_suggester(engine).suggest(XID_TICKET)
+def test_missing_gguf_returns_the_engine_answer_with_the_flag(_built_kb_dir, engine, tmp_path):
+    settings = llm_settings(_built_kb_dir, llm="llamacpp", llm_model=str(tmp_path / "absent.gguf"))
+    result = LLMSuggester(engine, make_generator(settings), cache=ResponseCache(tmp_path)).suggest(XID_TICKET)
     assert result.trace["llm_failed"] is True and "not found" in result.trace["llm_error"]
     assert result.root_cause == engine.suggest(XID_TICKET).root_cause
 
@@ -163,8 +175,7 @@ def test_missing_gguf_returns_the_engine_answer_with_the_flag(_built_kb_dir, emb
 # --- the in-process backend with the real GGUF -----------------------------------------------
 
 @pytest.mark.llm
-def test_llamacpp_answer_is_valid_cited_recorded_and_cached(_built_kb_dir, embedder, gemma, tmp_path):
-    engine = engine_with(_built_kb_dir, embedder)
+def test_llamacpp_answer_is_valid_cited_recorded_and_cached(engine, gemma, tmp_path):
     suggester = LLMSuggester(engine, gemma, cache=ResponseCache(tmp_path / "cache"))
     first = suggester.suggest(XID_TICKET)
     trace = first.trace
@@ -185,8 +196,7 @@ def test_llamacpp_answer_is_valid_cited_recorded_and_cached(_built_kb_dir, embed
 
 
 @pytest.mark.llm
-def test_invalid_output_is_retried_once_then_the_engine_answer_is_kept(_built_kb_dir, embedder, gemma, tmp_path):
-    engine = engine_with(_built_kb_dir, embedder)
+def test_invalid_output_is_retried_once_then_the_engine_answer_is_kept(engine, gemma, tmp_path):
     suggester = LLMSuggester(engine, gemma, cache=ResponseCache(tmp_path), answer_tokens=6)  # JSON gets cut
     result = suggester.suggest(XID_TICKET)
     plain = engine.suggest(XID_TICKET)
@@ -198,19 +208,18 @@ def test_invalid_output_is_retried_once_then_the_engine_answer_is_kept(_built_kb
 
 
 @pytest.mark.llm
-def test_timeout_falls_back(_built_kb_dir, embedder, gemma, tmp_path):
+def test_timeout_falls_back(engine, gemma, tmp_path):
     impatient = copy.copy(gemma)  # the same loaded model (its prompt prefix is cached), a tiny timeout
     impatient.timeout = 0.01
-    engine = engine_with(_built_kb_dir, embedder)
     result = LLMSuggester(engine, impatient, cache=ResponseCache(tmp_path)).suggest(XID_TICKET)
     assert result.trace["llm_failed"] is True and "did not finish within" in result.trace["llm_error"]
     assert result.root_cause == engine.suggest(XID_TICKET).root_cause
 
 
 @pytest.mark.llm
-def test_long_ticket_is_trimmed_to_the_budget_around_its_evidence(_built_kb_dir, embedder, gguf, tmp_path):
-    engine = engine_with(_built_kb_dir, embedder, llm="llamacpp", llm_model=str(gguf), llm_context=1536)
-    suggester = LLMSuggester(engine, make_generator(engine.settings), cache=ResponseCache(tmp_path))
+def test_long_ticket_is_trimmed_to_the_budget_around_its_evidence(_built_kb_dir, engine, gguf, tmp_path):
+    settings = llm_settings(_built_kb_dir, llm="llamacpp", llm_model=str(gguf), llm_context=1536)
+    suggester = LLMSuggester(engine, make_generator(settings), cache=ResponseCache(tmp_path))
     noise = "\n".join(f"[step {n}] loss=2.{n % 997:03d} tokens/s=41234 mem=71.2GiB" for n in range(3000))
     evidence = "NVRM: Xid (PCI:0000:4f:00): 79, pid=0, GPU has fallen off the bus."
     cut = noise.index("\n", 60_000)
@@ -256,10 +265,9 @@ def llama_server(gguf, tmp_path_factory):
 
 @pytest.mark.llm
 @pytest.mark.slow
-def test_openai_backend_against_llama_cpp_server(_built_kb_dir, embedder, llama_server, tmp_path):
-    engine = engine_with(_built_kb_dir, embedder, llm="openai", llm_base_url=llama_server, llm_model="gemma",
-                         llm_context=2048, llm_timeout=300)
-    generator = make_generator(engine.settings)
+def test_openai_backend_against_llama_cpp_server(_built_kb_dir, engine, llama_server, tmp_path):
+    generator = make_generator(llm_settings(_built_kb_dir, llm="openai", llm_base_url=llama_server,
+                                            llm_model="gemma", llm_context=2048, llm_timeout=300))
     small = {"type": "object", "properties": {"root_cause": {"type": "string", "enum": ["gpu_lost", "buggy_code"]},
                                               "note": {"type": "string", "maxLength": 30}},
              "required": ["root_cause", "note"], "additionalProperties": False}

@@ -396,7 +396,10 @@ def test_kill_9_with_events_queued_loses_none_and_comments_once(kb_home, tmp_pat
             wait_until(lambda: queue.counts()["done"] == 4, 120, "all four events to be handled")
         finally:
             second.terminate()
-            second.wait(30)
+            try:
+                second.wait(30)
+            except subprocess.TimeoutExpired:
+                second.kill()
         assert {n: len(api.comments[f"{REPO}#{n}"]) for n in range(1, 5)} == {1: 1, 2: 1, 3: 1, 4: 1}
         posts = [r["path"] for r in api.requests if r["method"] == "POST" and r["path"].endswith("/comments")]
         assert sorted(posts) == sorted(f"/repos/{REPO}/issues/{n}/comments" for n in range(1, 5))

@@ -83,6 +83,15 @@ def load_everything(_settings: Settings, key: str) -> Loaded:
                   llm_note=_describe_model(suggester, _settings), lock=threading.Lock())
 
 
+def refresh_engine(res: Loaded) -> None:
+    """After the knowledge base changed: reload retrieval and refit what the engine derives from it.
+
+    Done right after a save, so the next ticket does not pay for it.
+    """
+    res.engine.retriever.refresh()
+    res.engine.suggest(WARM_UP)
+
+
 def loaded() -> Loaded:
     """The shared resources; on a configuration problem, show what to fix and stop the page."""
     try:

@@ -11,7 +11,7 @@ from kb.suggest import EmptyTicket, Suggestion, Ticket
 from ui.card import apply_threshold, render_card, render_evidence, render_similar
 from ui.highlight import escape_markdown as md
 from ui.highlight import highlight_evidence, tame_markdown
-from ui.resources import Loaded, abstain_threshold, loaded
+from ui.resources import Loaded, abstain_threshold, loaded, refresh_engine
 
 RESULT = "triage"  # session-state key: the ticket, its suggestion, chat history, saved feedback
 
@@ -87,9 +87,9 @@ def _feedback(res: Loaded, result: dict) -> None:
         if save:
             labels = LabelSet(symptom=symptom, root_cause=cause, mitigation=mitigation)
             try:
-                with res.lock:
+                with res.lock, st.spinner("Adding the ticket to the knowledge base ..."):
                     record = save_feedback(res.kb, result["ticket"], s, labels, reviewer, resolution)
-                    res.engine.retriever.refresh()
+                    refresh_engine(res)
             except FeedbackError as exc:
                 st.error(str(exc))
             else:

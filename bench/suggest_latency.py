@@ -1,0 +1,96 @@
+"""Suggest latency (p50 over 100 tickets) with about 100 and with 10,000 incidents in the store.
+
+    python bench/suggest_latency.py [--tickets 100] [--large 10000]
+
+The small store holds the first 100 bundled incidents. The large store holds all bundled
+incidents plus perturbed copies (words shuffled within each sentence, vectors re-embedded in
+batches) up to --large. Tickets are bundled incident texts, excluded from their own neighbours.
+The ratio (large / small) is what growing the knowledge base costs a suggestion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def perturb(text: str, rng: random.Random) -> str:
+    """Shuffle words within each line: same vocabulary, different text."""
+    lines = []
+    for line in text.splitlines():
+        words = line.split()
+        rng.shuffle(words)
+        lines.append(" ".join(words))
+    return "\n".join(lines)
+
+
+def build(home: Path, incidents, embedder, calibration=None) -> "object":
+    """A knowledge base holding the incidents, and its engine (weights fitted unless given)."""
+    from kb.knowledge import KnowledgeBase
+    from kb.settings import Settings
+    from kb.suggest import SuggestionEngine
+
+    kb = KnowledgeBase(Settings(home=home), embedder=embedder)
+    kb.sync_taxonomy()
+    kb.add_incidents(incidents, batch_size=512)
+    engine = SuggestionEngine(kb, calibration=calibration)
+    engine.calibration
+    return engine
+
+
+def p50(engine, tickets) -> float:
+    for t in tickets[:5]:
+        engine.suggest(t)
+    times = []
+    for t in tickets:
+        start = time.perf_counter()
+        engine.suggest(t, exclude={t.id})
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    """Build both stores, time the suggestions, print a table."""
+    from kb.embedding import SentenceTransformerEmbedder
+    from kb.settings import Settings
+    from kb.suggest import Ticket
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tickets", type=int, default=100)
+    parser.add_argument("--large", type=int, default=10_000)
+    args = parser.parse_args()
+    embedder = SentenceTransformerEmbedder(Settings().embedding_model)
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        from kb.knowledge import KnowledgeBase
+
+        bundled = KnowledgeBase(Settings(home=Path(tmp) / "probe"), embedder=embedder).bundled_incidents()
+        tickets = [Ticket(id=i.id, title=i.title, description=i.description)
+                   for i in rng.sample(bundled, min(args.tickets, len(bundled)))]
+        small = build(Path(tmp) / "small", bundled[:100], embedder)
+        copies = []
+        while len(bundled) + len(copies) < args.large:
+            src = bundled[len(copies) % len(bundled)]
+            copies.append(src.model_copy(update={"id": f"{src.id}~{len(copies)}",
+                                                 "description": perturb(src.description, rng)}))
+        start = time.perf_counter()
+        large = build(Path(tmp) / "large", bundled + copies, embedder, small.calibration)
+        built = time.perf_counter() - start
+        small_ms, large_ms = p50(small, tickets), p50(large, tickets)
+    print(f"| store | incidents | suggest p50 (ms) over {len(tickets)} tickets | ratio |")
+    print("|---|---|---|---|")
+    print(f"| small | {small.kb.store.count()} | {small_ms:.0f} | 1.00 |")
+    print(f"| large | {large.kb.store.count()} | {large_ms:.0f} | {large_ms / small_ms:.2f} |")
+    print(f"\nbuilding the large store (embed + upsert + calibration fit) took {built:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
