@@ -11,12 +11,10 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 import sys
 import threading
 import time
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
@@ -29,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from kb.queue import Event, EventQueue, PermanentError, Worker
 from kb.settings import Settings
 from kb.suggest import EmptyTicket, Suggestion, Ticket
+from pmkb.ops import BodyLimit, Metrics, TokenBucket, configure_logging
 
 log = logging.getLogger("pmkb.server")
 
@@ -65,133 +64,6 @@ def startup_problems(settings: Settings, insecure_dev: bool) -> list[str]:
             problems.append("PMKB_JIRA_WEBHOOK_SECRET is set but PMKB_JIRA_URL or PMKB_JIRA_TOKEN is not: "
                             "set them, or use --dry-run OUTBOX.jsonl")
     return problems
-
-
-class TokenBucket:
-    """Rate limit: ``rate`` tokens a second, up to ``burst``; each request takes one."""
-
-    def __init__(self, rate: float, burst: int, clock=time.monotonic):
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.tokens, self.stamp = float(burst), clock()
-        self._lock = threading.Lock()
-
-    def take(self) -> float:
-        """0 when a token was taken, else the seconds until one will be there."""
-        with self._lock:
-            now = self.clock()
-            self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
-            if self.tokens >= 1:
-                self.tokens -= 1
-                return 0.0
-            return (1 - self.tokens) / self.rate if self.rate > 0 else 60.0
-
-
-class Metrics:
-    """Prometheus metrics of one app (its own registry, so several apps can live in one process)."""
-
-    def __init__(self):
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = registry = CollectorRegistry()
-        self.content_type = CONTENT_TYPE_LATEST
-        self.received = Counter("pmkb_webhook_events", "Requests received, by source and outcome",
-                                ["source", "outcome"], registry=registry)
-        buckets = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
-        self.latency = Histogram("pmkb_event_latency_seconds", "From webhook accepted to write-back done",
-                                 ["source"], buckets=buckets, registry=registry)
-        self.processing = Histogram("pmkb_event_processing_seconds", "Worker time per attempt (suggest and "
-                                    "write-back)", ["source"], buckets=buckets, registry=registry)
-        self.failures = Counter("pmkb_event_failures", "Failed attempts, by source and outcome (retry or dead)",
-                                ["source", "outcome"], registry=registry)
-        self.depth = Gauge("pmkb_queue_depth", "Events waiting or in hand", registry=registry)
-        self.by_status = Gauge("pmkb_queue_events", "Events in the queue database by status", ["status"],
-                               registry=registry)
-
-    def render(self, counts: dict[str, int]) -> bytes:
-        """The exposition text, with the queue gauges refreshed from ``counts``."""
-        from prometheus_client import generate_latest
-
-        self.depth.set(counts["queued"] + counts["claimed"])
-        for status, number in counts.items():
-            self.by_status.labels(status).set(number)
-        return generate_latest(self.registry)
-
-
-class BodyLimit:
-    """ASGI middleware: 413 for a request body over ``limit`` bytes, declared or streamed."""
-
-    def __init__(self, app, limit: int, on_reject=None):
-        self.app, self.limit, self.on_reject = app, limit, on_reject
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) <= self.limit:
-                return await self.app(scope, receive, send)
-            return await self._reject(scope, receive, send)
-        chunks, size = [], 0  # no Content-Length (chunked): read up to the limit first
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                return await self._reject(scope, receive, send)
-            if not message.get("more_body"):
-                break
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, scope, receive, send):
-        if self.on_reject:
-            self.on_reject(scope["path"])
-        await JSONResponse({"detail": f"request body over {self.limit} bytes"}, status_code=413)(
-            scope, receive, send)
-
-
-_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message", "asctime", "taskName", "color_message"}
-_SECRET_QUERY = re.compile(r"(secret=)[^&\s\"]*")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; ``extra=`` fields become keys; query-string secrets are masked."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
-               "level": record.levelname.lower(), "logger": record.name,
-               "message": _SECRET_QUERY.sub(r"\1***", record.getMessage())}
-        if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
-            client, method, path, _, status = record.args
-            out.update(client=client, method=method, path=_SECRET_QUERY.sub(r"\1***", str(path)), status=status)
-        out.update({k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS})
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """Send every log line, uvicorn's included, as JSON to stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
 
 
 def _ticket_hash(ticket: dict) -> str:
