@@ -176,7 +176,8 @@ def main() -> None:
                            str(args.batch_size), "--memory-embedder", args.memory_embedder,
                            "--work", str(work)], args.timeout)
             rows += [(f"tickets (memory run, {m['model']})", f"{m['n']}"),
-                     ("memory run: backfill + report, seconds", f"{m['seconds']:.0f} (backfill {m['rate']:.1f} tickets/s)"),
+                     ("memory run: backfill + report, seconds",
+                      f"{m['seconds']:.0f} (backfill {m['rate']:.1f} tickets/s)"),
                      ("memory run: peak RSS (MiB)", f"{m['peak_rss_mib']:.0f} "
                       f"(before the run: {m['rss_before_run_mib']:.0f})"),
                      ("memory run: input / output / state file (MiB)",

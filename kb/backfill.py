@@ -400,10 +400,16 @@ class Backfill:
             vectors, pools = [], []
             for record in batch.records:
                 fail("annotate", record, exc)
-        for record, vector, dense in zip(batch.records, vectors, pools):
+            batch.records = []
+        try:
+            texts = self.engine.text_log_probas([r.prepared.query for r in batch.records], vectors)
+        except Exception as exc:  # noqa: BLE001 - per ticket instead, so only bad records fail
+            self.log(f"warning: batched text classification failed ({exc}); classifying one by one")
+            texts = [None] * len(vectors)
+        for record, vector, dense, text in zip(batch.records, vectors, pools, texts):
             try:
-                record.suggestion = self.engine.suggest_prepared(record.prepared, vector,
-                                                                 exclude={record.incident.id}, dense=dense)
+                record.suggestion = self.engine.suggest_prepared(
+                    record.prepared, vector, exclude={record.incident.id}, dense=dense, text_log_proba=text)
                 records.append(record)
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the run
                 fail("annotate", record, exc)

@@ -115,6 +115,7 @@ def structured_chain(retrieve: Callable[[dict], list[Document]], prepare: Prepar
     Backend failures (server down, timeout) raise ``LLMError``.
     """
     def render(state: dict) -> dict:
+        """Prepared variables rendered into chat messages."""
         prepared = prepare(state)
         messages = template.render(**prepared["variables"])
         return {**state, **prepared, "messages": messages}

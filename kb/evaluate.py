@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,17 +117,22 @@ def baselines(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestio
 
 
 def evaluate(engine: SuggestionEngine, cases: list[Case],
-             progress: Callable[[int], None] | None = None) -> dict:
-    """Run the engine over labelled cases and compute every figure plus baselines."""
-    preds = []
+             progress: Callable[[int], None] | None = None, suggester=None) -> dict:
+    """Run the engine (or another suggester over it, e.g. the LLM one) over labelled cases and
+    compute every figure plus baselines."""
+    preds, latencies = [], []
+    suggester = suggester or engine
     for case in cases:
-        preds.append(engine.suggest(case.ticket))
+        started = time.perf_counter()
+        preds.append(suggester.suggest(case.ticket))
+        latencies.append((time.perf_counter() - started) * 1000)
         if progress:
             progress(1)
-    latencies = sorted(p.trace.get("latency_ms", 0.0) for p in preds)
+    latencies.sort()
     return {"figures": score(cases, preds), "baselines": baselines(engine, cases, preds),
             "confusion": confusion(cases, preds),
             "latency_ms_p50": latencies[len(latencies) // 2],
+            "llm_failed": sum(1 for p in preds if p.trace.get("llm_failed")),
             "predictions": [{"id": c.ticket.id, "truth": c.root_cause, "predicted": p.root_cause,
                              "confidence": p.root_cause_confidence} for c, p in zip(cases, preds)]}
 
@@ -173,6 +179,17 @@ FIGURE_NAMES = {
     "precision_when_labelled": "precision when not abstaining", "ece": "ECE (root cause)",
     "recall_at_5": "retrieval recall@5",
 }
+
+
+def format_side_by_side(engine_only: dict, with_llm: dict, backend: str) -> str:
+    """The engine's figures beside the LLM-assisted ones, same tickets, same run."""
+    lines = [f"## engine alone vs with LLM ({backend})", "", "| figure | engine | with LLM |", "|---|---|---|"]
+    for key, name in FIGURE_NAMES.items():
+        lines.append(f"| {name} | {engine_only['figures'][key]:.3f} | {with_llm['figures'][key]:.3f} |")
+    lines.append(f"| latency p50 per ticket (ms) | {engine_only['latency_ms_p50']:.0f} | "
+                 f"{with_llm['latency_ms_p50']:.0f} |")
+    lines.append(f"| model answers not used (invalid, timeout, down) | - | {with_llm['llm_failed']} |")
+    return "\n".join(lines)
 
 
 def format_report(result: dict, title: str) -> str:

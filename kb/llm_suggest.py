@@ -65,7 +65,8 @@ class InvalidAnswer(ValueError):
     """An answer that is not valid JSON, breaks the schema or cites outside its context."""
 
 
-def answer_schema(cause_ids: list[str], symptom_ids: list[str], context_ids: list[str]) -> dict:
+def answer_schema(cause_ids: list[str], symptom_ids: list[str], context_ids: list[str],
+                  explanation_chars: int = EXPLANATION_CHARS) -> dict:
     """LLMAnswer's JSON schema with the candidates and context ids as enums."""
     schema = LLMAnswer.model_json_schema()
     props = schema["properties"]
@@ -75,7 +76,8 @@ def answer_schema(cause_ids: list[str], symptom_ids: list[str], context_ids: lis
         "type": "string"}
     props["citations"]["maxItems"] = 3 if context_ids else 0
     # No brackets or markup in free text: citations go in their own list, where they can be checked.
-    props["explanation"] = {"type": "string", "pattern": r'^[^\[\]{}<>"\\\n\r\t]{1,%d}$' % EXPLANATION_CHARS}
+    longest = min(explanation_chars, EXPLANATION_CHARS)
+    props["explanation"] = {"type": "string", "pattern": r'^[^\[\]{}<>"\\\n\r\t]{1,%d}$' % longest}
     return schema
 
 
@@ -126,13 +128,14 @@ class LLMSuggester:
 
     def __init__(self, engine: SuggestionEngine, generator: Generator | None, cache: ResponseCache | None = None,
                  setup_error: str | None = None, answer_tokens: int = ANSWER_TOKENS,
-                 context_incidents: int = CONTEXT_INCIDENTS):
+                 context_incidents: int = CONTEXT_INCIDENTS, explanation_chars: int = EXPLANATION_CHARS):
         self.engine = engine
         self.settings = engine.settings
         self.generator = generator
         self.setup_error = setup_error
         self.answer_tokens = answer_tokens
         self.context_incidents = context_incidents
+        self.explanation_chars = explanation_chars
         self.template = load_prompt("suggest")
         self.cache = cache if cache is not None else ResponseCache(self.settings.home / "llm_cache")
         self.chain = structured_chain(self._retrieve, self._prepare, generator, self.template, self._parse,
@@ -189,7 +192,8 @@ class LLMSuggester:
         context_ids = [d.metadata["id"] for d in documents]
         causes = [c.id for c in s.root_cause_candidates[:CAUSE_CHOICES]]
         symptoms = [c.id for c in s.symptom_candidates[:SYMPTOM_CHOICES]]
-        return {"variables": variables, "schema": answer_schema(causes, symptoms, context_ids),
+        return {"variables": variables,
+                "schema": answer_schema(causes, symptoms, context_ids, self.explanation_chars),
                 "context_ids": context_ids, "request": _Request(causes, symptoms), "prompt_tokens": used}
 
     def prompt_for(self, ticket: Ticket, suggestion: Suggestion) -> tuple[list[dict], int]:
@@ -203,11 +207,11 @@ class LLMSuggester:
         req: _Request = result["request"]
         return parse_answer(raw, req.cause_ids, req.symptom_ids, result["context_ids"])
 
-    def _ask(self, ticket: Ticket, base: Suggestion, trace: dict) -> tuple[LLMAnswer | None, list[str]]:
+    def _ask(self, ticket: Ticket, base: Suggestion, trace: dict) -> LLMAnswer | None:
         """Run the chain, retrying once with the reason when the answer is invalid."""
         if self.chain is None:
             trace["llm_error"] = self.setup_error or "no model configured"
-            return None, []
+            return None
         state = {"ticket": ticket, "suggestion": base, "retry_note": ""}
         for attempt in (1, 2):
             trace["llm_attempts"] = attempt
@@ -215,16 +219,16 @@ class LLMSuggester:
                 result = self.chain.invoke(state)
             except (LLMError, PromptError) as exc:  # server down, timeout: no second try
                 trace["llm_error"] = str(exc)
-                return None, []
+                return None
             trace["llm_cache"] = result["cache"]
             trace["llm_prompt_tokens"] = result["prompt_tokens"]
             trace["llm_ticket_trimmed"] = result["variables"]["trimmed"]
             if result["answer"] is not None:
                 trace["llm_error"] = None
-                return result["answer"], result["context_ids"]
+                return result["answer"]
             trace["llm_error"] = result["error"]
-            state = {**state, "retry_note": result["error"]}
-        return None, []
+            state = {**state, "retry_note": neutralise(result["error"])}
+        return None
 
     def suggest(self, ticket: Ticket, exclude: set[str] | None = None) -> Suggestion:
         """The engine's suggestion, with the model's explanation and choice applied by the rule.
@@ -241,13 +245,14 @@ class LLMSuggester:
                  "prompt": self.template.record(), "llm_failed": False, "llm_choice": None, "llm_cache": None,
                  "llm_error": None, "llm_attempts": 0, "injection_suspected": markers,
                  "instruction_lines_removed": removed}
-        answer, context_ids = self._ask(ticket, base, trace)
+        answer = self._ask(ticket, base, trace)
         if answer is None:
             trace["llm_failed"] = True
             return base.model_copy(update={"trace": trace})
-        return self._apply(base, answer, markers, trace)
+        return self.apply_answer(base, answer, markers, trace)
 
-    def _apply(self, base: Suggestion, answer: LLMAnswer, markers: list[str], trace: dict) -> Suggestion:
+    def apply_answer(self, base: Suggestion, answer: LLMAnswer, markers: list[str], trace: dict) -> Suggestion:
+        """The engine's suggestion with a valid answer applied by the combination rule (see module doc)."""
         cause, cause_ok, cause_why = combine_choice(base.root_cause_candidates, answer.root_cause)
         symptom, symptom_ok, symptom_why = combine_choice(base.symptom_candidates, answer.symptom)
         if markers:

@@ -32,19 +32,20 @@ _CHAT_TOKENS = re.compile(
     r"<\|[a-z_]{1,30}\|>|<(?:start|end)_of_turn>|</?s>|\[/?INST\]|<</?SYS>>|<\|?(?:bos|eos)\|?>",
     re.IGNORECASE)
 _INJECTION = {
-    "ignore-instructions": r"\b(?:ignore|disregard|forget|override)\b[^.\n]{0,40}\b(?:above|previous|prior|"
-                           r"earlier|preceding|instructions?|rules|prompt)\b",
-    "new-instructions": r"\b(?:new|updated|real|actual)\s+(?:instructions?|system\s+prompt|task)\b",
-    "role-play": r"\byou\s+are\s+(?:now|no\s+longer)\b|\bact\s+as\s+(?:a|an|the)\s+\w+",
+    "ignore-instructions": r"\b(?:ignore|disregard|forget|override)\s+(?:all\s+|any\s+)?(?:(?:the|your|previous|prior|"
+                           r"earlier|preceding|above|system)\s+)*(?:instructions?|rules|prompts?|guidelines|above)\b",
+    "new-instructions": r"\b(?:new|updated|real|actual)\s+(?:instructions?|system\s+prompt)\b",
+    "role-play": r"\byou\s+are\s+(?:now|no\s+longer)\b|\bact\s+as\s+(?:a|an|the)\s+(?:[\w-]+\s+){0,3}?"
+                 r"(?:assistant|expert|engineer|sre|admin\w*|classifier|model|ai)\b",
     "fake-turn": r"^\s*(?:#{1,4}\s*)?(?:system|assistant|instruction|developer)\s*(?:prompt)?\s*:"
                  r"|^\s*#{1,4}\s*(?:response|user|input)\s*:",
     "chat-token": _CHAT_TOKENS.pattern,
     "delimiter": _TAG.pattern,
-    "label-order": r"\b(?:label|classify|categori[sz]e|tag|mark)\b[^.\n]{0,30}\b(?:as|with|to)?\s*"
-                   r"[`'\"]?[a-z]+_[a-z_]+",
+    "label-order": r"\b(?:label|classify|categori[sz]e|tag|mark)\s+(?:this|it|the\s+(?:ticket|issue|incident))\b"
+                   r"[^.\n]{0,20}?\s[`'\"]?[a-z]+_[a-z_]+",
     "fake-answer": r"[\"']\s*(?:root_cause|symptom|citations)\s*[\"']\s*:",
     "addressed-to-model": r"\b(?:in|into)\s+your\s+(?:answer|reply|response|output)\b|\b(?:reply|respond|answer)"
-                          r"\s+(?:only|with)\b|\bcite\s+\[",
+                          r"\s+only\b|\bcite\s+\[",
 }
 _INJECTION_RE = {name: re.compile(p, re.IGNORECASE | re.MULTILINE) for name, p in _INJECTION.items()}
 

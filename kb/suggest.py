@@ -18,6 +18,7 @@ from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
 from kb.incidents import Incident, trim_middle
 from kb.knowledge import KnowledgeBase
 from kb.mitigate import LowUtilisationHint, MitigationStep, low_utilisation_hints, rank_mitigations
+from kb.prompting import strip_instruction_lines
 from kb.redact import redact
 from kb.search import BM25, DENSE_WEIGHT, Retriever, SimilarIncident, _Corpus, tokenize
 from kb.taxonomy import load_low_util_taxonomy
@@ -292,6 +293,8 @@ class SuggestionEngine:
         if not raw.strip():
             raise EmptyTicket(f"ticket {ticket.id!r} has no title, description or log text")
         text = redact(raw)
+        cleaned, _ = strip_instruction_lines(text)  # untrusted instructions never count as evidence
+        text = cleaned if cleaned.strip() else text
         return PreparedTicket(ticket, text, trim_middle(text, MAX_TICKET_CHARS))
 
     def suggest(self, ticket: Ticket | Incident, exclude: set[str] | None = None) -> Suggestion:
@@ -318,6 +321,7 @@ class SuggestionEngine:
         good = [p for p in prepared if isinstance(p, PreparedTicket)]
         vectors = embed_queries(self.kb.embedder, [p.query for p in good])
         pools = iter(self.dense_candidates(vectors))
+        texts = iter(self.text_log_probas([p.query for p in good], vectors))
         vectors = iter(vectors)
         share = (time.perf_counter() - started) / max(len(good), 1)
         out: list[Suggestion | Exception] = []
@@ -326,8 +330,8 @@ class SuggestionEngine:
                 out.append(item)
                 continue
             try:
-                out.append(self.suggest_prepared(item, next(vectors), exclude,
-                                                 time.perf_counter() - share, dense=next(pools)))
+                out.append(self.suggest_prepared(item, next(vectors), exclude, time.perf_counter() - share,
+                                                 dense=next(pools), text_log_proba=next(texts)))
             except Exception as exc:  # noqa: BLE001 - reported per ticket by the caller
                 out.append(exc)
         return out
@@ -339,16 +343,25 @@ class SuggestionEngine:
             return [None] * len(vectors)
         return fetch(vectors, k=self.settings.neighbours)
 
+    def text_log_probas(self, queries: list[str], vectors: np.ndarray) -> list[dict[str, np.ndarray]]:
+        """The text classifiers' log-probabilities for many prepared queries, one call per classifier."""
+        if not queries:
+            return []
+        batch = {field: c.log_proba(queries, np.asarray(vectors)) for field, c in self._text_classifiers().items()}
+        return [{field: rows[n] for field, rows in batch.items()} for n in range(len(queries))]
+
     def suggest_prepared(self, prepared: PreparedTicket, vector: np.ndarray,
                          exclude: set[str] | None = None, started: float | None = None,
-                         dense: dict[str, float] | None = None) -> Suggestion:
-        """The suggestion for a prepared ticket whose query vector (and dense pool) is computed."""
+                         dense: dict[str, float] | None = None,
+                         text_log_proba: dict[str, np.ndarray] | None = None) -> Suggestion:
+        """The suggestion for a prepared ticket whose query vector (and dense pool, text
+        classifier output) is already computed, as batch jobs do."""
         started = time.perf_counter() if started is None else started
         ticket, text, query = prepared.ticket, prepared.text, prepared.query
         evidence = find_evidence(text, self.signatures)
         similar = self.retriever.retrieve_similar(query, k=self.settings.neighbours, query_vector=vector,
                                                   exclude=exclude, dense=dense)
-        cause_f, symptom_f = self._features(query, vector, similar, evidence)
+        cause_f, symptom_f = self._features(query, vector, similar, evidence, text_log_proba)
         causes = rank_within_dimension(predict(cause_f, self.calibration.root_cause),
                                        self.kb.taxonomy.dimension_of)
         symptoms = predict(symptom_f, self.calibration.symptom)

@@ -211,6 +211,13 @@ def open_engine(**overrides):
     return engine
 
 
+def check_llm(llm: Optional[str]) -> Optional[str]:
+    """Validate a --llm value against the backends."""
+    if llm is not None and llm not in ("none", "llamacpp", "openai"):
+        fail(f"LLM backend {llm!r} is not supported. Available: none, llamacpp, openai")
+    return llm
+
+
 def render_card(s) -> str:
     """A readable suggestion card for the terminal."""
     lines = []
@@ -241,8 +248,11 @@ def suggest(
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the ticket text from a file."),
     title: str = typer.Option("", "--title", help="Ticket title."),
     json_out: bool = typer.Option(False, "--json", help="Print the Suggestion as JSON."),
+    llm: Optional[str] = typer.Option(None, "--llm", help="LLM backend: none | llamacpp | openai "
+                                      "(overrides PMKB_LLM)."),
 ) -> None:
     """Suggest symptom, root cause, mitigation and similar incidents for one ticket."""
+    from kb.llm_suggest import make_suggester
     from kb.suggest import EmptyTicket, Ticket
 
     if file is not None:
@@ -254,9 +264,9 @@ def suggest(
             fail(f"cannot read {file}: {exc}")
     if not (text or title):
         fail("give the ticket text as an argument, or --file F")
-    engine = open_engine()
+    suggester = make_suggester(open_engine(llm=check_llm(llm)))
     try:
-        result = engine.suggest(Ticket(title=title, description=text or ""))
+        result = suggester.suggest(Ticket(title=title, description=text or ""))
     except EmptyTicket as exc:
         fail(str(exc))
     typer.echo(result.model_dump_json(indent=2) if json_out else render_card(result))
@@ -266,15 +276,18 @@ def suggest(
 def annotate(
     input: Path = typer.Argument(..., help="JSONL with id, title, description (labels are never read)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL: one suggestion per input record."),
+    llm: Optional[str] = typer.Option(None, "--llm", help="LLM backend: none | llamacpp | openai "
+                                      "(overrides PMKB_LLM)."),
 ) -> None:
     """Annotate a JSONL file of tickets."""
     from tqdm import tqdm
 
     from kb.annotate import annotate_file
+    from kb.llm_suggest import make_suggester
 
     if not input.exists():
         fail(f"no such file: {input}")
-    engine = open_engine()
+    engine = make_suggester(open_engine(llm=check_llm(llm)))
     total = sum(1 for line in input.open("rb") if line.strip())
     with tqdm(total=total, unit="ticket", desc="annotate", file=sys.stderr) as bar:
         errors = annotate_file(engine, input, out, progress=bar.update)
@@ -290,8 +303,14 @@ def eval_cmd(
     labelled: Path = typer.Argument(..., help="Labelled JSONL (id, title, description, root_cause, ...)."),
     kfold: int = typer.Option(0, "--kfold", help="Also run k-fold: other folds join the knowledge base."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write all figures as JSON here."),
+    llm: Optional[str] = typer.Option(None, "--llm", help="LLM backend: none | llamacpp | openai "
+                                      "(overrides PMKB_LLM)."),
 ) -> None:
-    """Evaluate the engine on labelled tickets, with baselines, against the knowledge base."""
+    """Evaluate the engine on labelled tickets, with baselines, against the knowledge base.
+
+    With --llm, the same tickets also go through the LLM-assisted suggester and both sets of
+    figures (and latencies) are printed side by side.
+    """
     from tqdm import tqdm
 
     from kb.evaluate import evaluate, evaluate_kfold, format_report, load_cases
@@ -301,12 +320,22 @@ def eval_cmd(
         cases = load_cases(labelled)
     except (OSError, ValueError) as exc:
         fail(str(exc))
-    engine = open_engine()
+    engine = open_engine(llm=check_llm(llm))
     with tqdm(total=len(cases), unit="ticket", desc="eval", file=sys.stderr) as bar:
         result = evaluate(engine, cases, progress=bar.update)
     typer.echo(format_report(result, f"{labelled.name} against the knowledge base "
                                      f"({engine.kb.store.count()} incidents)"))
     results = {"knowledge_base": result}
+    if engine.settings.llm != "none":
+        from kb.evaluate import format_side_by_side
+        from kb.llm_suggest import make_suggester
+
+        with tqdm(total=len(cases), unit="ticket", desc=f"eval --llm {engine.settings.llm}",
+                  file=sys.stderr) as bar:
+            results["with_llm"] = evaluate(engine, cases, progress=bar.update,
+                                           suggester=make_suggester(engine))
+        typer.echo("")
+        typer.echo(format_side_by_side(result, results["with_llm"], engine.settings.llm))
     if kfold > 1:
         from kb.evaluate import evaluate_kfold
 

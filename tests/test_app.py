@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kb.classify import Calibration
 from kb.evidence import Evidence
 from kb.feedback import AUDIT_FILE
 from kb.knowledge import KnowledgeBase
@@ -38,19 +37,18 @@ VAGUE_TICKET = {"title": "", "description": "zebra banana purple otter quantum"}
 
 
 @pytest.fixture(scope="module")
-def calibrated_home(_built_kb_dir, embedder, tmp_path_factory) -> Path:
-    """A built knowledge base whose classifier weights are saved (the defaults: nothing to fit)."""
+def built_home(_built_kb_dir, tmp_path_factory) -> Path:
+    """A copy of the built knowledge base that the page's copies are made from (never opened by it)."""
     home = tmp_path_factory.mktemp("app") / "kb"
     shutil.copytree(_built_kb_dir, home)
-    Calibration().save(SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration_path)
     return home
 
 
 @pytest.fixture(scope="module")
-def read_only_home(calibrated_home, tmp_path_factory) -> Path:
+def read_only_home(built_home, tmp_path_factory) -> Path:
     """One copy shared by the tests that do not write, so the page's engine is built once for them."""
     home = tmp_path_factory.mktemp("app-read-only") / "kb"
-    shutil.copytree(calibrated_home, home)
+    shutil.copytree(built_home, home)
     return home
 
 
@@ -70,10 +68,10 @@ def app_home(read_only_home, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def writable_home(calibrated_home, tmp_path, monkeypatch) -> Path:
+def writable_home(built_home, tmp_path, monkeypatch) -> Path:
     """PMKB_HOME on a private copy the test may write to."""
     home = tmp_path / "kb"
-    shutil.copytree(calibrated_home, home)
+    shutil.copytree(built_home, home)
     return _point_app_at(home, monkeypatch)
 
 
@@ -106,9 +104,9 @@ def markdown(at: AppTest) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(calibrated_home, embedder) -> SuggestionEngine:
+def reference(built_home, embedder) -> SuggestionEngine:
     """The engine, outside the page, on the knowledge base the page's copies come from."""
-    return SuggestionEngine(KnowledgeBase(make_settings(calibrated_home), embedder=embedder))
+    return SuggestionEngine(KnowledgeBase(make_settings(built_home), embedder=embedder))
 
 
 def test_a_ticket_shows_the_engines_root_cause_with_evidence_highlighted(app_home, reference):
@@ -141,6 +139,12 @@ def test_an_unsure_engine_says_not_sure_and_the_slider_changes_what_is_shown(app
     assert not at.warning and at.progress  # nothing is below a zero threshold
     at.slider(key="abstain_threshold").set_value(1.0).run()
     assert "Not sure" in at.warning[0].value
+
+
+def test_an_empty_ticket_asks_for_text_instead_of_suggesting(app_home):
+    at = submit(open_app(), {"title": "  ", "description": ""})
+    assert "Paste a title" in at.warning[0].value
+    assert "triage" not in at.session_state and not at.progress
 
 
 def test_feedback_is_saved_audited_and_found_by_the_next_search(writable_home, embedder):

@@ -41,8 +41,8 @@ def write_tickets(path: Path, n: int, prefix: str = "old") -> list[str]:
         for k in range(n):
             src = base[k % len(base)]
             ids.append(f"{prefix}-{k}")
-            sink.write(json.dumps({"id": ids[-1], "title": src["title"],
-                                   "description": f"{src['description']}\nSeen again on node gpu-{k:04d}."}) + "\n")
+            description = f"{src['description']}\nSeen again on node gpu-{k:04d}."
+            sink.write(json.dumps({"id": ids[-1], "title": src["title"], "description": description}) + "\n")
     return ids
 
 

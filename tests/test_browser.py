@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from kb.classify import Calibration
 from kb.knowledge import KnowledgeBase
 from kb.suggest import SuggestionEngine, Ticket
 
@@ -90,11 +89,10 @@ def fill_ticket(page, ticket: dict) -> None:
 
 
 @pytest.fixture
-def served_home(_built_kb_dir, embedder, tmp_path) -> Path:
-    """A private built knowledge base with saved (default) weights, as the page will open it."""
+def served_home(_built_kb_dir, tmp_path) -> Path:
+    """A private copy of the built knowledge base for the served page."""
     home = tmp_path / "kb"
     shutil.copytree(_built_kb_dir, home)
-    Calibration().save(SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration_path)
     return home
 
 

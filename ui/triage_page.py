@@ -98,8 +98,13 @@ def _feedback(res: Loaded, result: dict) -> None:
     if saved is not None:
         changes = ", ".join(f"{name}: {getattr(saved.suggested, name)} → {getattr(saved.new, name)}"
                             for name in saved.changed) or "labels as suggested"
+        replaced = ""
+        if saved.previous is not None:
+            before = " / ".join(str(getattr(saved.previous, name)) for name in ("symptom", "root_cause",
+                                                                               "mitigation"))
+            replaced = f" It replaced the stored incident with this id (labels were {md(before)})."
         st.success(f"Saved **{md(saved.incident_id)}** as a confirmed incident "
-                   f"({saved.action} by {md(saved.reviewer)}: {md(changes)}). "
+                   f"({saved.action} by {md(saved.reviewer)}: {md(changes)}).{replaced} "
                    "The next search will find it.", icon=":material/task_alt:")
 
 
