@@ -8,10 +8,8 @@ table; so however the previous run ended (kill -9 included), the output holds ea
 
 from __future__ import annotations
 
-import csv
 import fcntl
 import importlib
-import io
 import json
 import os
 import sqlite3
@@ -67,16 +65,14 @@ class BackfillOptions:
     write_back: str | None = None  # kb | github | jira
     outbox: Path | None = None  # dry run of github/jira write-back: the calls go here
     csv_mapping: dict[str, str] | None = None
-    state: Path | None = None  # default OUT.state.sqlite3
-    errors: Path | None = None  # default OUT.errors.jsonl
 
     def state_path(self) -> Path:
-        """Where the state file lives."""
-        return self.state or sidecar(self.out, "state.sqlite3")
+        """Where the state file lives: OUT.state.sqlite3."""
+        return sidecar(self.out, "state.sqlite3")
 
     def errors_path(self) -> Path:
-        """Where failed records are listed."""
-        return self.errors or sidecar(self.out, "errors.jsonl")
+        """Where failed records are listed: OUT.errors.jsonl."""
+        return sidecar(self.out, "errors.jsonl")
 
 
 @dataclass
@@ -100,15 +96,10 @@ class BackfillState:
     Held under an exclusive lock for the run, so two runs never write the same output.
     """
 
-    SCHEMA = """CREATE TABLE IF NOT EXISTS records (
-        id TEXT PRIMARY KEY,         -- input record id
-        content_hash TEXT NOT NULL,  -- Incident.content_hash() of the input record
-        engine TEXT NOT NULL,        -- what annotated it (engine version, model, taxonomy, LLM)
-        status TEXT NOT NULL,        -- done | failed
-        output TEXT,                 -- the exact output line (done only)
-        written_back TEXT,           -- write-back target that holds this annotation, if any
-        error TEXT,                  -- why it failed (failed only)
-        updated_at TEXT NOT NULL)"""
+    SCHEMA = ("CREATE TABLE IF NOT EXISTS records (id TEXT PRIMARY KEY, content_hash TEXT NOT NULL, "
+              "engine TEXT NOT NULL, status TEXT NOT NULL, output TEXT, written_back TEXT, error TEXT, "
+              "updated_at TEXT NOT NULL)")
+    """One row per input id (status done | failed); the columns are described in docs/backfill.md."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,42 +148,22 @@ class BackfillState:
         self._lock.close()
 
 
-def rewrite_output(state: BackfillState, out: Path) -> int:
-    """Write the output afresh from the state table, atomically; returns the number of lines."""
+def rewrite_output(state: BackfillState, out: Path) -> None:
+    """Write the output afresh from the state table, atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    count = 0
     with tmp.open("w", encoding="utf-8") as sink:
-        for line in state.outputs():
-            sink.write(line + "\n")
-            count += 1
+        sink.writelines(line + "\n" for line in state.outputs())
         sink.flush()
         os.fsync(sink.fileno())
     os.replace(tmp, out)
-    return count
 
 
-def count_records(paths: list[Path]) -> int | None:
-    """A quick count of the input records, for the progress bar; None when it cannot tell."""
-    total = 0
-    for path in map(Path, paths):
-        for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
-            suffix = file.suffix.lower()
-            try:
-                if suffix in {".jsonl", ".ndjson"}:
-                    with file.open("rb") as handle:
-                        total += sum(1 for line in handle if line.strip())
-                elif suffix == ".csv":
-                    rows = csv.reader(io.StringIO(file.read_text(encoding="utf-8", errors="replace")))
-                    total += max(sum(1 for row in rows if any(row)) - 1, 0)
-                elif suffix == ".json":
-                    data = json.loads(file.read_text(encoding="utf-8", errors="replace"))
-                    total += len(data) if isinstance(data, list) else 1
-                else:
-                    total += suffix == ".md"
-            except (OSError, ValueError, csv.Error):
-                return None
-    return total
+def count_records(paths: list[Path], csv_mapping: dict[str, str] | None = None) -> int:
+    """How many records (good or bad) the inputs hold: a quick first pass, for the progress bar."""
+    from ingest import IngestWarning, read_paths
+
+    return sum(1 for item in read_paths(paths, csv_mapping) if not isinstance(item, IngestWarning))
 
 
 def backfill_engine(kb: KnowledgeBase, calibration: Calibration | None = None) -> SuggestionEngine:
@@ -219,8 +190,10 @@ def find_llm_stage(engine: SuggestionEngine, log: Log) -> tuple[Callable | None,
         return None, "none"
     try:
         module = importlib.import_module(LLM_MODULE)
-    except ImportError as exc:
-        log(f"LLM stage skipped: llm is {settings.llm!r} but {LLM_MODULE} cannot be imported ({exc})")
+    except ModuleNotFoundError as exc:
+        if exc.name != LLM_MODULE:  # the layer is there but a library it needs is not
+            raise BackfillError(f"the LLM stage ({settings.llm}) cannot start: {exc}") from exc
+        log(f"LLM stage skipped: llm is {settings.llm!r} but {LLM_MODULE} is not installed")
         return None, f"skipped ({LLM_MODULE} not available)"
     try:
         suggester = module.make_suggester(engine)
@@ -231,7 +204,7 @@ def find_llm_stage(engine: SuggestionEngine, log: Log) -> tuple[Callable | None,
     note = f"{settings.llm}:{settings.llm_model or 'default'}"
     if callable(refine):
         return refine, note
-    return (lambda ticket, suggestion: suggester.suggest(ticket)), note
+    return (lambda ticket, suggestion: suggester.suggest(ticket, exclude={ticket.id})), note
 
 
 @dataclass

@@ -146,8 +146,12 @@ def case_incident(case: Case) -> Incident:
 
 
 def evaluate_kfold(kb: KnowledgeBase, cases: list[Case], folds: int = 5, seed: int = 0,
-                   progress: Callable[[int], None] | None = None) -> dict:
-    """Each fold is annotated against the knowledge base plus the other folds' labelled cases."""
+                   progress: Callable[[int], None] | None = None, refit: bool = False) -> dict:
+    """Each fold is annotated against the knowledge base plus the other folds' labelled cases.
+
+    The text classifier and the retrieval index always include the other folds; ``refit`` also
+    refits the classifier weights leave-one-out per fold (slower).
+    """
     order = list(range(len(cases)))
     random.Random(seed).shuffle(order)
     fold_of = {i: n % folds for n, i in enumerate(order)}
@@ -159,7 +163,8 @@ def evaluate_kfold(kb: KnowledgeBase, cases: list[Case], folds: int = 5, seed: i
             fold_kb = KnowledgeBase(kb.settings.model_copy(update={"home": home}), embedder=kb.embedder)
             fold_kb.add_incidents([case_incident(cases[i]) for i in order if fold_of[i] != fold])
             engine = SuggestionEngine(fold_kb)
-            engine.fit_calibration(save=False)
+            if refit:
+                engine.fit_calibration(save=False)
             for i in order:
                 if fold_of[i] == fold:
                     all_preds[i] = engine.suggest(cases[i].ticket)

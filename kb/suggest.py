@@ -210,8 +210,15 @@ class SuggestionEngine:
         return [by_id[ids[n]] for n in keep], vectors[keep] if keep else np.zeros((0, 1), np.float32)
 
     def _text_classifiers(self) -> dict[str, TextClassifier]:
-        """Text classifiers for root cause and symptom, retrained when the knowledge base changes."""
-        count = self.kb.store.count()
+        """Text classifiers for root cause and symptom, retrained when the voting incidents change
+        (adding machine-suggested incidents does not retrain them)."""
+        corpus = self.retriever._load()
+        if getattr(self, "_clf_corpus", None) is not corpus:
+            self._clf_corpus = corpus
+            count = hash(tuple((i.id, i.root_cause, i.symptom) for i in corpus.incidents
+                               if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0))
+        else:
+            count = self._clf_count
         if getattr(self, "_clf_count", None) != count:
             incidents, vectors = self._training_set()
             texts = [i.text() for i in incidents]

