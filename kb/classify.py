@@ -15,7 +15,6 @@ probabilities; ``pmkb eval`` measures the calibration (ECE) on held-out tickets.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,11 +177,6 @@ def expected_calibration_error(confidences: list[float], correct: list[bool], bi
         if mask.any():
             ece += mask.mean() * abs(hit[mask].mean() - conf[mask].mean())
     return float(ece)
-
-
-def dump(obj) -> str:
-    """Compact JSON."""
-    return json.dumps(obj, separators=(",", ":"))
 
 
 def rank_within_dimension(ranked: list[tuple[str, float]], dimension_of) -> list[tuple[str, float]]:

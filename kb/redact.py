@@ -42,7 +42,3 @@ def redact(text: str) -> str:
             text = pattern.sub(f"[REDACTED:{label}]", text)
     return text
 
-
-def redact_incident_fields(fields: dict[str, str]) -> dict[str, str]:
-    """Redact every free-text field of a record."""
-    return {k: redact(v) if isinstance(v, str) else v for k, v in fields.items()}

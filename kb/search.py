@@ -93,7 +93,7 @@ class _Corpus:
     incidents: list[Incident]
     bm25: BM25
     position: dict[str, int]
-    signature: tuple[int, int]
+    stored_count: int  # incidents in the store when loaded; a change triggers a reload
 
 
 def _matches(incident: Incident, where: dict | None, dimension: str | None) -> bool:
@@ -128,7 +128,7 @@ class Retriever:
 
     def _load(self) -> _Corpus:
         count = self.kb.store.count()
-        if self._corpus is None or self._corpus.signature[0] != count:
+        if self._corpus is None or self._corpus.stored_count != count:
             self.refresh()
         return self._corpus
 
@@ -137,7 +137,7 @@ class Retriever:
         incidents = self.kb.store.incidents()
         docs = [tokenize(i.document()) for i in incidents]
         self._corpus = _Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
-                               (len(incidents), 0))
+                               len(incidents))
 
     def dense_candidates(self, vectors: np.ndarray, k: int = 5,
                          where: dict | None = None) -> list[dict[str, float]]:

@@ -126,11 +126,6 @@ class ChromaStore:
                 metadatas=[incident_metadata(i, d) for i, d in
                            zip(chunk, dimensions[start:start + self._batch])])
 
-    def delete_incidents(self, ids: list[str]) -> None:
-        """Remove incidents by id."""
-        if ids:
-            self._incidents.delete(ids=ids)
-
     def incident_hashes(self, ids: Iterable[str] | None = None) -> dict[str, str]:
         """Content hashes of stored incidents (all, or those with the given ids)."""
         result: dict[str, str] = {}

@@ -110,7 +110,7 @@ class VotingRetriever(Retriever):
 
     def _voting_where(self, where: dict | None) -> dict | None:
         corpus = self._load()
-        if not self.pinned and len(corpus.incidents) == corpus.signature[0]:
+        if not self.pinned and len(corpus.incidents) == corpus.stored_count:
             return where  # every stored incident votes: no filter needed
         wanted = (where or {}).get("provenance", VOTERS)
         wanted = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
@@ -121,7 +121,7 @@ class VotingRetriever(Retriever):
         everything = self.kb.store.incidents()
         voters = [i for i in everything if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0]
         self._corpus = _Corpus(voters, BM25([tokenize(i.document()) for i in voters]),
-                               {i.id: n for n, i in enumerate(voters)}, (len(everything), 0))
+                               {i.id: n for n, i in enumerate(voters)}, len(everything))
 
     def dense_candidates(self, vectors: np.ndarray, k: int = 5,
                          where: dict | None = None) -> list[dict[str, float]]:
@@ -213,21 +213,21 @@ class SuggestionEngine:
         """Text classifiers for root cause and symptom, retrained when the voting incidents change
         (adding machine-suggested incidents does not retrain them)."""
         corpus = self.retriever._load()
-        if getattr(self, "_clf_corpus", None) is not corpus:
+        if getattr(self, "_clf_corpus", None) is not corpus:  # the corpus reloads when the store changes
             self._clf_corpus = corpus
-            count = hash(tuple((i.id, i.root_cause, i.symptom) for i in corpus.incidents
-                               if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0))
-        else:
-            count = self._clf_count
-        if getattr(self, "_clf_count", None) != count:
-            incidents, vectors = self._training_set()
-            texts = [i.text() for i in incidents]
-            tax = self.kb.taxonomy
-            self._clf = {
-                "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors, [i.root_cause for i in incidents]),
-                "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors, [i.symptom for i in incidents]),
-            }
-            self._clf_count = count
+            voters = [i for i in corpus.incidents if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0]
+            fingerprint = hash(tuple((i.id, i.root_cause, i.symptom) for i in voters))
+            if getattr(self, "_clf_fingerprint", None) != fingerprint:
+                incidents, vectors = self._training_set()
+                texts = [i.text() for i in incidents]
+                tax = self.kb.taxonomy
+                self._clf = {
+                    "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors,
+                                                                    [i.root_cause for i in incidents]),
+                    "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors,
+                                                                   [i.symptom for i in incidents]),
+                }
+                self._clf_fingerprint = fingerprint
         return self._clf
 
     def _priors(self, field: str, labels: list[str]) -> dict[str, float]:

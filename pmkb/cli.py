@@ -211,6 +211,20 @@ def open_engine(**overrides):
     return engine
 
 
+def read_ticket_text(text: Optional[str], file: Optional[Path], title: str) -> str:
+    """The ticket text from the argument or --file; exits with a clear error when there is none."""
+    if file is not None:
+        from ingest.common import read_text
+
+        try:
+            text, _ = read_text(file)
+        except OSError as exc:
+            fail(f"cannot read {file}: {exc}")
+    if not (text or title):
+        fail("give the ticket text as an argument, or --file F")
+    return text or ""
+
+
 def check_llm(llm: Optional[str]) -> Optional[str]:
     """Validate a --llm value against the backends."""
     if llm is not None and llm not in ("none", "llamacpp", "openai"):
@@ -255,18 +269,10 @@ def suggest(
     from kb.llm_suggest import make_suggester
     from kb.suggest import EmptyTicket, Ticket
 
-    if file is not None:
-        from ingest.common import read_text
-
-        try:
-            text, _ = read_text(file)
-        except OSError as exc:
-            fail(f"cannot read {file}: {exc}")
-    if not (text or title):
-        fail("give the ticket text as an argument, or --file F")
+    text = read_ticket_text(text, file, title)
     suggester = make_suggester(open_engine(llm=check_llm(llm)))
     try:
-        result = suggester.suggest(Ticket(title=title, description=text or ""))
+        result = suggester.suggest(Ticket(title=title, description=text))
     except EmptyTicket as exc:
         fail(str(exc))
     typer.echo(result.model_dump_json(indent=2) if json_out else render_card(result))

@@ -27,22 +27,12 @@ def chat(
     from kb.chat import answer_followup
     from kb.llm_suggest import make_suggester
     from kb.suggest import EmptyTicket, Ticket
-    from pmkb.cli import echo_err, fail, open_engine, render_card
+    from pmkb.cli import check_llm, echo_err, fail, open_engine, read_ticket_text, render_card
 
-    if file is not None:
-        from ingest.common import read_text
-
-        try:
-            text, _ = read_text(file)
-        except OSError as exc:
-            fail(f"cannot read {file}: {exc}")
-    if not (text or title):
-        fail("give the ticket text as an argument, or --file F")
-    if llm is not None and llm not in ("none", "llamacpp", "openai"):
-        fail(f"LLM backend {llm!r} is not supported. Available: none, llamacpp, openai")
-    engine = open_engine(llm=llm, llm_model=model, llm_base_url=base_url)
+    text = read_ticket_text(text, file, title)
+    engine = open_engine(llm=check_llm(llm), llm_model=model, llm_base_url=base_url)
     try:
-        suggestion = make_suggester(engine).suggest(Ticket(title=title, description=text or ""))
+        suggestion = make_suggester(engine).suggest(Ticket(title=title, description=text))
     except EmptyTicket as exc:
         fail(str(exc))
     typer.echo(render_card(suggestion))
