@@ -1,5 +1,10 @@
-"""A supervised text classifier over the knowledge base: TF-IDF words plus the embedding,
-multinomial logistic regression. One of the classifier's features (kb/classify.py)."""
+"""A supervised text classifier over the knowledge base: TF-IDF words, TF-IDF character n-grams
+and the embedding, multinomial logistic regression. One of the classifier's features
+(kb/classify.py).
+
+Character n-grams (within word boundaries) match the pieces of error tokens that tickets spell
+in many ways (``ibv_reg_mr`` / ``ibv_reg_mr_iova2``, ``OOMKilled`` / ``oom-kill``, ``Xid 79`` /
+``Xid79``), which whole-word features miss."""
 
 from __future__ import annotations
 
@@ -8,15 +13,16 @@ import warnings
 import numpy as np
 
 TOKEN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]+|\d+"
+MAX_CHAR_FEATURES = 50_000
 
 
 class TextClassifier:
     """Predicts a label distribution for a ticket from its words and its embedding."""
 
-    def __init__(self, labels: list[str], strength: float = 16.0):
+    def __init__(self, labels: list[str], strength: float = 32.0):
         self.labels = labels
         self.strength = strength
-        self._vectorizer = None
+        self._vectorizers = []
         self._model = None
         self._classes: list[int] = []
 
@@ -25,11 +31,15 @@ class TextClassifier:
         from sklearn.feature_extraction.text import TfidfVectorizer
 
         if fit:
-            self._vectorizer = TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN)
-            words = self._vectorizer.fit_transform(texts)
+            self._vectorizers = [
+                TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN),
+                TfidfVectorizer(sublinear_tf=True, analyzer="char_wb", ngram_range=(3, 5), min_df=2,
+                                max_features=MAX_CHAR_FEATURES),
+            ]
+            parts = [v.fit_transform(texts) for v in self._vectorizers]
         else:
-            words = self._vectorizer.transform(texts)
-        return hstack([words, csr_matrix(np.asarray(vectors))]).tocsr()
+            parts = [v.transform(texts) for v in self._vectorizers]
+        return hstack([*parts, csr_matrix(np.asarray(vectors))]).tocsr()
 
     def fit(self, texts: list[str], vectors: np.ndarray, truths: list[str]) -> "TextClassifier":
         """Train on labelled texts (labels outside ``self.labels`` are ignored)."""
@@ -43,7 +53,7 @@ class TextClassifier:
         matrix = self._matrix([texts[i] for i in keep], np.asarray(vectors)[keep], fit=True)
         with warnings.catch_warnings():  # a loose tolerance is enough for ranking; 5x faster
             warnings.simplefilter("ignore")
-            self._model = LogisticRegression(C=self.strength, max_iter=100, tol=1e-2).fit(matrix, y)
+            self._model = LogisticRegression(C=self.strength, max_iter=200, tol=1e-3).fit(matrix, y)
         self._classes = self._model.classes_.tolist()
         return self
 
