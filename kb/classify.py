@@ -177,18 +177,3 @@ def expected_calibration_error(confidences: list[float], correct: list[bool], bi
         if mask.any():
             ece += mask.mean() * abs(hit[mask].mean() - conf[mask].mean())
     return float(ece)
-
-
-def rank_within_dimension(ranked: list[tuple[str, float]], dimension_of) -> list[tuple[str, float]]:
-    """Put the most probable cause of the most probable dimension first.
-
-    Dimension probabilities are summed over their causes; when several weak causes of one
-    dimension outweigh a single stronger cause of another, the ticket is more likely owned by
-    the first dimension. The remaining candidates keep their probability order.
-    """
-    totals: dict[str, float] = {}
-    for label, prob in ranked:
-        totals[dimension_of(label)] = totals.get(dimension_of(label), 0.0) + prob
-    best = max(totals, key=totals.get)
-    top = next(item for item in ranked if dimension_of(item[0]) == best)
-    return [top] + [item for item in ranked if item is not top]

@@ -12,8 +12,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb import __version__
-from kb.classify import (VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict,
-                         rank_within_dimension)
+from kb.classify import VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict
 from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
 from kb.incidents import Incident, trim_middle
 from kb.knowledge import KnowledgeBase
@@ -369,8 +368,7 @@ class SuggestionEngine:
         similar = self.retriever.retrieve_similar(query, k=self.settings.neighbours, query_vector=vector,
                                                   exclude=exclude, dense=dense)
         cause_f, symptom_f = self._features(query, vector, similar, evidence, text_log_proba)
-        causes = rank_within_dimension(predict(cause_f, self.calibration.root_cause),
-                                       self.kb.taxonomy.dimension_of)
+        causes = predict(cause_f, self.calibration.root_cause)
         symptoms = predict(symptom_f, self.calibration.symptom)
         top_cause, top_p = causes[0]
         cause = self.kb.taxonomy.root_cause(top_cause)

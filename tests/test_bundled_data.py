@@ -1,0 +1,81 @@
+"""The bundled incident reports: valid labels, unique ids, every category covered, and nothing
+taken from the labelled evaluation file (or the evaluation figures would measure recall of it)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from kb.knowledge import KnowledgeBase
+from kb.settings import Settings
+from kb.taxonomy import load_taxonomy
+from tests.conftest import DEV_INCIDENTS
+
+SHINGLE = 10  # words; a shared run this long is copied prose (error messages are shorter)
+MAX_SHARED_SHINGLES = 1
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    settings = Settings(home=tmp_path_factory.mktemp("kb"))
+    return KnowledgeBase(settings).bundled_incidents(), load_taxonomy(settings.taxonomy)
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9_]+", text.lower())
+
+
+QUOTED = re.compile(r"`[^`\n]*`|'[^'\n]{8,}?'|\"[^\"\n]{8,}?\"")
+
+
+def shingles(text: str, n: int = SHINGLE) -> set[tuple[str, ...]]:
+    """Word runs of the prose: quoted log lines and error messages are left out, since the same
+    error text legitimately appears in many unrelated tickets."""
+    tokens = words(QUOTED.sub(" | ", text))
+    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def test_ids_are_unique_and_labels_are_taxonomy_ids(bundled):
+    incidents, taxonomy = bundled
+    ids = Counter(i.id for i in incidents)
+    assert [i for i, n in ids.items() if n > 1] == []
+    for incident in incidents:
+        assert incident.root_cause in taxonomy.cause_ids, incident.id
+        assert incident.symptom in taxonomy.symptom_ids, incident.id
+        assert incident.mitigation in taxonomy.mitigation_ids, incident.id
+        assert incident.title and incident.description and incident.resolution, incident.id
+
+
+def test_every_cause_and_symptom_has_enough_examples(bundled):
+    incidents, taxonomy = bundled
+    causes = Counter(i.root_cause for i in incidents)
+    symptoms = Counter(i.symptom for i in incidents)
+    assert min(causes[c] for c in taxonomy.cause_ids) >= 15, causes
+    assert min(symptoms[s] for s in taxonomy.symptom_ids) >= 15, symptoms
+
+
+def test_shingle_check_catches_a_copied_ticket():
+    original = "Multi-node job fails at init with a very particular error message about the fabric"
+    assert len(shingles(original) & shingles("Title\n" + original + " and more")) > MAX_SHARED_SHINGLES
+    assert not shingles(original) & shingles("the job fails at init with an error about the fabric")
+    error = "'NCCL WARN NET/IB : Got completion from peer 10.0.0.2 with error 12, opcode 0, vendor err 129'"
+    assert not shingles(f"Job 1 on node a fails: {error}") & shingles(f"Since Monday every run logs {error}")
+
+
+@pytest.mark.skipif(not DEV_INCIDENTS.exists(), reason="labelled evaluation file not present")
+def test_no_bundled_report_copies_an_evaluation_ticket(bundled):
+    incidents, _ = bundled
+    dev = [json.loads(line) for line in DEV_INCIDENTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    dev_titles = {" ".join(words(d["title"])) for d in dev}
+    dev_shingles = [(d["id"], shingles(f"{d['title']} {d['description']} {d.get('resolution', '')}")) for d in dev]
+    copied = []
+    for incident in incidents:
+        own = shingles(f"{incident.title} {incident.description} {incident.resolution}")
+        if " ".join(words(incident.title)) in dev_titles:
+            copied.append((incident.id, "same title"))
+        copied += [(incident.id, dev_id) for dev_id, theirs in dev_shingles
+                   if len(own & theirs) > MAX_SHARED_SHINGLES]
+    assert copied == []
