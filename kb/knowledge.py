@@ -61,6 +61,9 @@ class KnowledgeBase:
     def __init__(self, settings: Settings, embedder: Embedder | None = None):
         self.settings = settings
         self._embedder = embedder
+        self.generation = 0
+        """Counts this process's writes to the store, so readers reload even when an update kept
+        the number of incidents the same (another process's update shows when the count changes)."""
 
     @cached_property
     def taxonomy(self) -> Taxonomy:
@@ -113,6 +116,7 @@ class KnowledgeBase:
             if todo:
                 vectors = self.embedder.embed_documents([i.text() for i in todo])
                 self.store.upsert_incidents(todo, vectors, [self.dimension_of(i.root_cause) for i in todo])
+                self.generation += 1
             if progress:
                 progress(len(chunk))
         return report

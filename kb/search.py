@@ -94,6 +94,7 @@ class _Corpus:
     bm25: BM25
     position: dict[str, int]
     stored_count: int  # incidents in the store when loaded; a change triggers a reload
+    generation: int = 0  # the knowledge base's write generation when loaded; likewise
 
 
 def _matches(incident: Incident, where: dict | None, dimension: str | None) -> bool:
@@ -128,7 +129,8 @@ class Retriever:
 
     def _load(self) -> _Corpus:
         count = self.kb.store.count()
-        if self._corpus is None or self._corpus.stored_count != count:
+        if (self._corpus is None or self._corpus.stored_count != count
+                or self._corpus.generation != self.kb.generation):
             self.refresh()
         return self._corpus
 
@@ -137,7 +139,7 @@ class Retriever:
         incidents = self.kb.store.incidents()
         docs = [tokenize(i.document()) for i in incidents]
         self._corpus = _Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
-                               len(incidents))
+                               len(incidents), self.kb.generation)
 
     def dense_candidates(self, vectors: np.ndarray, k: int = 5,
                          where: dict | None = None) -> list[dict[str, float]]:

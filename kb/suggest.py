@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -21,7 +22,10 @@ from kb.prompting import strip_instruction_lines
 from kb.redact import redact
 from kb.search import BM25, DENSE_WEIGHT, Retriever, SimilarIncident, _Corpus, tokenize
 from kb.taxonomy import load_low_util_taxonomy
-from kb.textclf import TextClassifier, out_of_fold_log_proba
+from kb.textclf import (TextClassifier, load_classifiers, out_of_fold_log_proba, save_classifiers,
+                        training_fingerprint)
+
+log = logging.getLogger(__name__)
 
 MAX_TICKET_CHARS = 12_000
 """Ticket text beyond this is trimmed in the middle for embedding (evidence is found on all of it)."""
@@ -120,7 +124,7 @@ class VotingRetriever(Retriever):
         everything = self.kb.store.incidents()
         voters = [i for i in everything if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0]
         self._corpus = _Corpus(voters, BM25([tokenize(i.document()) for i in voters]),
-                               {i.id: n for n, i in enumerate(voters)}, len(everything))
+                               {i.id: n for n, i in enumerate(voters)}, len(everything), self.kb.generation)
 
     def dense_candidates(self, vectors: np.ndarray, k: int = 5,
                          where: dict | None = None) -> list[dict[str, float]]:
@@ -215,19 +219,31 @@ class SuggestionEngine:
         if getattr(self, "_clf_corpus", None) is not corpus:  # the corpus reloads when the store changes
             self._clf_corpus = corpus
             voters = [i for i in corpus.incidents if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0]
-            fingerprint = hash(tuple((i.id, i.root_cause, i.symptom) for i in voters))
+            fingerprint = training_fingerprint(voters, self.kb.embedder.model_id)
             if getattr(self, "_clf_fingerprint", None) != fingerprint:
-                incidents, vectors = self._training_set()
-                texts = [i.text() for i in incidents]
-                tax = self.kb.taxonomy
-                self._clf = {
-                    "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors,
-                                                                    [i.root_cause for i in incidents]),
-                    "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors,
-                                                                   [i.symptom for i in incidents]),
-                }
+                self._clf = (load_classifiers(self.classifier_cache_path, fingerprint)
+                             or self._fit_text_classifiers(fingerprint))
                 self._clf_fingerprint = fingerprint
         return self._clf
+
+    @property
+    def classifier_cache_path(self):
+        """Where the trained text classifiers of this knowledge base are cached."""
+        return self.settings.home / "text_classifiers.pkl"
+
+    def _fit_text_classifiers(self, fingerprint: str) -> dict[str, TextClassifier]:
+        incidents, vectors = self._training_set()
+        texts = [i.text() for i in incidents]
+        tax = self.kb.taxonomy
+        classifiers = {
+            "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors, [i.root_cause for i in incidents]),
+            "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors, [i.symptom for i in incidents]),
+        }
+        try:
+            save_classifiers(self.classifier_cache_path, fingerprint, classifiers)
+        except OSError as exc:  # a read-only knowledge base still answers, it just refits next time
+            log.warning("could not cache the text classifiers at %s: %s", self.classifier_cache_path, exc)
+        return classifiers
 
     def _priors(self, field: str, labels: list[str]) -> dict[str, float]:
         corpus = self.retriever._load()

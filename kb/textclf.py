@@ -8,12 +8,20 @@ in many ways (``ibv_reg_mr`` / ``ibv_reg_mr_iova2``, ``OOMKilled`` / ``oom-kill`
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import pickle
 import warnings
+from pathlib import Path
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 TOKEN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]+|\d+"
 MAX_CHAR_FEATURES = 50_000
+MODEL_VERSION = 2  # bump when the features or the model change: cached classifiers are then refitted
 
 
 class TextClassifier:
@@ -81,3 +89,40 @@ def out_of_fold_log_proba(labels: list[str], texts: list[str], vectors: np.ndarr
         clf = TextClassifier(labels).fit([texts[i] for i in train], vectors[train], [truths[i] for i in train])
         out[test] = clf.log_proba([texts[i] for i in test], vectors[test])
     return out
+
+
+def training_fingerprint(incidents, model_id: str) -> str:
+    """Stable digest of what the classifiers learn from: every training incident's content and
+    labels, the embedding model and the classifier version."""
+    digest = hashlib.sha256(f"v{MODEL_VERSION}\x00{model_id}".encode())
+    for incident in sorted(incidents, key=lambda i: i.id):
+        digest.update(f"\x00{incident.id}\x00{incident.content_hash()}".encode())
+    return digest.hexdigest()
+
+
+def load_classifiers(path: Path, fingerprint: str) -> dict[str, TextClassifier] | None:
+    """Classifiers cached at ``path`` when they were trained on exactly this data, else None.
+
+    The cache lives in the knowledge base's own directory and is written only by pmkb; an
+    unreadable or stale file is ignored (and replaced on the next save).
+    """
+    try:
+        with open(path, "rb") as fh:
+            cached = pickle.load(fh)  # noqa: S301 - pmkb's own file inside the knowledge base
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - a damaged cache only costs a refit
+        log.warning("ignoring the text-classifier cache %s (%s); it will be rebuilt", path, exc)
+        return None
+    if not isinstance(cached, dict) or cached.get("fingerprint") != fingerprint:
+        return None
+    return cached.get("classifiers")
+
+
+def save_classifiers(path: Path, fingerprint: str, classifiers: dict[str, TextClassifier]) -> None:
+    """Cache trained classifiers atomically (a crash mid-write leaves the old file or none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(partial, "wb") as fh:
+        pickle.dump({"fingerprint": fingerprint, "classifiers": classifiers}, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(partial, path)

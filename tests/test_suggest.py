@@ -79,3 +79,47 @@ def test_secrets_in_the_ticket_do_not_reach_the_output(engine):
                               "bob@example.com: unauthorized: authentication required"))
     dumped = s.model_dump_json()
     assert "Sup3rSecret!" not in dumped and "bob@example.com" not in dumped
+
+
+def _small_kb(kb, count: int = 40):
+    kb.add_incidents(kb.bundled_incidents()[:count])
+    return kb
+
+
+def test_trained_text_classifiers_are_cached_and_reused(empty_kb, monkeypatch):
+    kb = _small_kb(empty_kb)
+    ticket = Ticket(title="pods pending", description="0/4 nodes are available: 4 Insufficient nvidia.com/gpu")
+    first = SuggestionEngine(kb)
+    before = first.suggest(ticket)
+    assert first.classifier_cache_path.exists()
+
+    from kb.textclf import TextClassifier
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the cached classifiers should have been used")
+
+    monkeypatch.setattr(TextClassifier, "fit", no_fit)
+    after = SuggestionEngine(kb).suggest(ticket)
+    assert [(c.id, c.confidence) for c in after.root_cause_candidates] == \
+        [(c.id, c.confidence) for c in before.root_cause_candidates]
+
+
+def test_changed_incidents_or_a_damaged_cache_refit(empty_kb, caplog):
+    kb = _small_kb(empty_kb)
+    engine = SuggestionEngine(kb)
+    ticket = Ticket(title="job killed", description="slurmstepd: error: Detected 1 oom_kill event")
+    engine.suggest(ticket)
+    path = engine.classifier_cache_path
+    stamp = path.stat().st_mtime_ns
+
+    edited = kb.bundled_incidents()[0].model_copy(update={"description": "rewritten after review"})
+    kb.add_incidents([edited])  # same id, same count, new content: the running engine sees it
+    engine.suggest(ticket)
+    assert path.stat().st_mtime_ns != stamp
+    loaded = {i.id: i for i in engine.retriever._load().incidents}
+    assert loaded[edited.id].description == "rewritten after review"
+
+    path.write_bytes(b"not a pickle")
+    with caplog.at_level("WARNING"):
+        again = SuggestionEngine(kb).suggest(ticket)
+    assert "text-classifier cache" in caplog.text and again.root_cause in kb.taxonomy.cause_ids
