@@ -233,11 +233,13 @@ class SuggestionEngine:
 
     def _fit_text_classifiers(self, fingerprint: str) -> dict[str, TextClassifier]:
         incidents, vectors = self._training_set()
-        texts = [i.text() for i in incidents]
+        texts, reports = [i.text() for i in incidents], [i.document() for i in incidents]
         tax = self.kb.taxonomy
         classifiers = {
-            "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors, [i.root_cause for i in incidents]),
-            "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors, [i.symptom for i in incidents]),
+            "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors, [i.root_cause for i in incidents],
+                                                            reports),
+            "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors, [i.symptom for i in incidents],
+                                                           reports),
         }
         try:
             save_classifiers(self.classifier_cache_path, fingerprint, classifiers)
@@ -281,11 +283,11 @@ class SuggestionEngine:
         """
         incidents, vectors = self._training_set()
         tax = self.kb.taxonomy
-        texts = [i.text() for i in incidents]
+        texts, reports = [i.text() for i in incidents], [i.document() for i in incidents]
         oof = {"root_cause": out_of_fold_log_proba(tax.cause_ids, texts, vectors,
-                                                   [i.root_cause for i in incidents]),
+                                                   [i.root_cause for i in incidents], reports),
                "symptom": out_of_fold_log_proba(tax.symptom_ids, texts, vectors,
-                                                [i.symptom for i in incidents])}
+                                                [i.symptom for i in incidents], reports)}
         cause_samples, cause_truth, symptom_samples, symptom_truth = [], [], [], []
         for n, (incident, vector, text) in enumerate(zip(incidents, vectors, texts)):
             similar = self.retriever.retrieve_similar(text, k=self.settings.neighbours, query_vector=vector,

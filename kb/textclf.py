@@ -21,7 +21,11 @@ log = logging.getLogger(__name__)
 
 TOKEN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]+|\d+"
 MAX_CHAR_FEATURES = 50_000
-MODEL_VERSION = 2  # bump when the features or the model change: cached classifiers are then refitted
+MODEL_VERSION = 3  # bump when the features or the model change: cached classifiers are then refitted
+REPORT_WEIGHT = 0.5
+"""Weight of an incident's full report (ticket plus resolution) as an extra training sample. It
+teaches the classifier the words of what was found (a device-plugin bug, a node-image setting),
+which tickets sometimes already carry; the ticket text alone stays the main sample."""
 
 
 class TextClassifier:
@@ -49,8 +53,13 @@ class TextClassifier:
             parts = [v.transform(texts) for v in self._vectorizers]
         return hstack([*parts, csr_matrix(np.asarray(vectors))]).tocsr()
 
-    def fit(self, texts: list[str], vectors: np.ndarray, truths: list[str]) -> "TextClassifier":
-        """Train on labelled texts (labels outside ``self.labels`` are ignored)."""
+    def fit(self, texts: list[str], vectors: np.ndarray, truths: list[str],
+            reports: list[str] | None = None) -> "TextClassifier":
+        """Train on labelled texts (labels outside ``self.labels`` are ignored).
+
+        ``reports``: each incident's full report (ticket and resolution), added as a second sample
+        of the same label with weight ``REPORT_WEIGHT`` (and the ticket's vector).
+        """
         from sklearn.linear_model import LogisticRegression
 
         keep = [i for i, t in enumerate(truths) if t in self.labels]
@@ -58,10 +67,19 @@ class TextClassifier:
         self._model = None
         if len(set(y.tolist())) < 2:
             return self
-        matrix = self._matrix([texts[i] for i in keep], np.asarray(vectors)[keep], fit=True)
-        with warnings.catch_warnings():  # a loose tolerance is enough for ranking; 5x faster
+        vectors = np.asarray(vectors)
+        rows, weights = keep, [1.0] * len(keep)
+        sample_texts = [texts[i] for i in keep]
+        if reports is not None:
+            extra = [i for i in keep if reports[i] and reports[i] != texts[i]]
+            rows, weights = keep + extra, weights + [REPORT_WEIGHT] * len(extra)
+            sample_texts += [reports[i] for i in extra]
+            y = np.concatenate([y, [self.labels.index(truths[i]) for i in extra]]).astype(int)
+        matrix = self._matrix(sample_texts, vectors[rows], fit=True)
+        with warnings.catch_warnings():  # convergence warnings: a loose fit is enough for ranking
             warnings.simplefilter("ignore")
-            self._model = LogisticRegression(C=self.strength, max_iter=200, tol=1e-3).fit(matrix, y)
+            self._model = LogisticRegression(C=self.strength, max_iter=200, tol=1e-3).fit(
+                matrix, y, sample_weight=np.asarray(weights))
         self._classes = self._model.classes_.tolist()
         return self
 
@@ -77,7 +95,7 @@ class TextClassifier:
 
 
 def out_of_fold_log_proba(labels: list[str], texts: list[str], vectors: np.ndarray, truths: list[str],
-                          folds: int = 5, seed: int = 0) -> np.ndarray:
+                          reports: list[str] | None = None, folds: int = 5, seed: int = 0) -> np.ndarray:
     """Log-probabilities for each text from a classifier that did not see it (k-fold)."""
     rng = np.random.default_rng(seed)
     assignment = rng.permutation(len(texts)) % folds
@@ -86,7 +104,8 @@ def out_of_fold_log_proba(labels: list[str], texts: list[str], vectors: np.ndarr
     for fold in range(folds):
         train = np.where(assignment != fold)[0]
         test = np.where(assignment == fold)[0]
-        clf = TextClassifier(labels).fit([texts[i] for i in train], vectors[train], [truths[i] for i in train])
+        clf = TextClassifier(labels).fit([texts[i] for i in train], vectors[train], [truths[i] for i in train],
+                                         None if reports is None else [reports[i] for i in train])
         out[test] = clf.log_proba([texts[i] for i in test], vectors[test])
     return out
 
