@@ -231,16 +231,16 @@ class SuggestionEngine:
         """Where the trained text classifiers of this knowledge base are cached."""
         return self.settings.home / "text_classifiers.pkl"
 
+    def _label_sets(self) -> dict[str, list[str]]:
+        """The labels each classifier chooses among, by incident field."""
+        return {"root_cause": self.kb.taxonomy.cause_ids, "symptom": self.kb.taxonomy.symptom_ids}
+
     def _fit_text_classifiers(self, fingerprint: str) -> dict[str, TextClassifier]:
         incidents, vectors = self._training_set()
         texts, reports = [i.text() for i in incidents], [i.document() for i in incidents]
-        tax = self.kb.taxonomy
-        classifiers = {
-            "root_cause": TextClassifier(tax.cause_ids).fit(texts, vectors, [i.root_cause for i in incidents],
-                                                            reports),
-            "symptom": TextClassifier(tax.symptom_ids).fit(texts, vectors, [i.symptom for i in incidents],
-                                                           reports),
-        }
+        classifiers = {field: TextClassifier(labels).fit(texts, vectors, [getattr(i, field) for i in incidents],
+                                                         reports)
+                       for field, labels in self._label_sets().items()}
         try:
             save_classifiers(self.classifier_cache_path, fingerprint, classifiers)
         except OSError as exc:  # a read-only knowledge base still answers, it just refits next time
@@ -282,12 +282,9 @@ class SuggestionEngine:
         out-of-fold, so every feature is computed as it would be for an unseen ticket.
         """
         incidents, vectors = self._training_set()
-        tax = self.kb.taxonomy
         texts, reports = [i.text() for i in incidents], [i.document() for i in incidents]
-        oof = {"root_cause": out_of_fold_log_proba(tax.cause_ids, texts, vectors,
-                                                   [i.root_cause for i in incidents], reports),
-               "symptom": out_of_fold_log_proba(tax.symptom_ids, texts, vectors,
-                                                [i.symptom for i in incidents], reports)}
+        oof = {field: out_of_fold_log_proba(labels, texts, vectors, [getattr(i, field) for i in incidents], reports)
+               for field, labels in self._label_sets().items()}
         cause_samples, cause_truth, symptom_samples, symptom_truth = [], [], [], []
         for n, (incident, vector, text) in enumerate(zip(incidents, vectors, texts)):
             similar = self.retriever.retrieve_similar(text, k=self.settings.neighbours, query_vector=vector,

@@ -227,8 +227,10 @@ def read_ticket_text(text: Optional[str], file: Optional[Path], title: str) -> s
 
 def check_llm(llm: Optional[str]) -> Optional[str]:
     """Validate a --llm value against the backends."""
-    if llm is not None and llm not in ("none", "llamacpp", "openai"):
-        fail(f"LLM backend {llm!r} is not supported. Available: none, llamacpp, openai")
+    from kb.llm import GENERATORS
+
+    if llm is not None and llm not in GENERATORS:
+        fail(f"LLM backend {llm!r} is not supported. Available: {', '.join(GENERATORS)}")
     return llm
 
 
