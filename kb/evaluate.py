@@ -90,13 +90,65 @@ def score(cases: list[Case], preds: list[Suggestion]) -> dict:
     }
 
 
-def confusion(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, int]]:
-    """truth -> {predicted: count}, errors only."""
+def confusion(cases: list[Case], preds: list[Suggestion], field: str = "root_cause") -> dict[str, dict[str, int]]:
+    """truth -> {predicted: count}, errors only, for ``root_cause`` or ``symptom``."""
     table: dict[str, Counter] = {}
     for c, p in zip(cases, preds):
-        if c.root_cause != p.root_cause:
-            table.setdefault(c.root_cause, Counter())[p.root_cause] += 1
+        truth, predicted = getattr(c, field), getattr(p, field)
+        if truth and truth != predicted:
+            table.setdefault(truth, Counter())[predicted] += 1
     return {k: dict(v.most_common()) for k, v in sorted(table.items())}
+
+
+def per_class(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, float]]:
+    """Root-cause precision, recall, F1 and support for every label seen in truth or prediction."""
+    truth, predicted = [c.root_cause for c in cases], [p.root_cause for p in preds]
+    out = {}
+    for label in sorted(set(truth) | set(predicted)):
+        tp = sum(t == label == p for t, p in zip(truth, predicted))
+        n_pred, support = predicted.count(label), truth.count(label)
+        out[label] = {"support": support, "precision": tp / n_pred if n_pred else 0.0,
+                      "recall": tp / support if support else 0.0,
+                      "f1": 2 * tp / (n_pred + support) if tp else 0.0}
+    return out
+
+
+RISK_THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def risk_coverage(cases: list[Case], preds: list[Suggestion],
+                  thresholds: tuple[float, ...] = RISK_THRESHOLDS) -> list[dict[str, float]]:
+    """For each candidate abstain threshold: the share of tickets labelled (confidence at or above
+    it) and the root-cause precision on them. It is how a team picks ``abstain_threshold``."""
+    rows = []
+    for threshold in thresholds:
+        kept = [c.root_cause == p.root_cause for c, p in zip(cases, preds)
+                if p.root_cause_confidence >= threshold]
+        rows.append({"threshold": threshold, "coverage": len(kept) / len(cases),
+                     "precision": float(np.mean(kept)) if kept else float("nan")})
+    return rows
+
+
+def second_expert(cases: list[Case], dimension_of: Callable[[str], str | None] | None = None) -> dict | None:
+    """How often a second expert's blind labels (``second_opinion`` in the labelled file) agree
+    with the first expert's: the human reference for the engine's figures. None when the file
+    has no second opinions."""
+    pairs = [(c, c.record["second_opinion"]) for c in cases
+             if isinstance(c.record.get("second_opinion"), dict) and c.record["second_opinion"].get("root_cause")]
+    if not pairs:
+        return None
+
+    def agree(field: str) -> float:
+        rows = [getattr(c, field) == other.get(field) for c, other in pairs if getattr(c, field)]
+        return float(np.mean(rows)) if rows else float("nan")
+
+    # not "top1_alt": a file's alternatives usually include the second expert's own reading
+    out = {"n": len(pairs), "top1": agree("root_cause"), "symptom": agree("symptom"),
+           "mitigation": agree("mitigation")}
+    dims = [(c.dimension, dimension_of(other["root_cause"])) for c, other in pairs if c.dimension and dimension_of]
+    if dims:
+        out["dimension"] = float(np.mean([mine == theirs for mine, theirs in dims]))
+    return out
 
 
 def baselines(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]) -> dict[str, dict]:
@@ -128,13 +180,31 @@ def evaluate(engine: SuggestionEngine, cases: list[Case],
         latencies.append((time.perf_counter() - started) * 1000)
         if progress:
             progress(1)
-    latencies.sort()
-    return {"figures": score(cases, preds), "baselines": baselines(engine, cases, preds),
-            "confusion": confusion(cases, preds),
-            "latency_ms_p50": latencies[len(latencies) // 2],
+    return {**_result(engine, cases, preds, latencies),
             "llm_failed": sum(1 for p in preds if p.trace.get("llm_failed")),
             "predictions": [{"id": c.ticket.id, "truth": c.root_cause, "predicted": p.root_cause,
-                             "confidence": p.root_cause_confidence} for c, p in zip(cases, preds)]}
+                             "confidence": p.root_cause_confidence, "symptom": p.symptom}
+                            for c, p in zip(cases, preds)]}
+
+
+def _dimension(engine: SuggestionEngine, cause: str) -> str | None:
+    try:
+        return engine.kb.taxonomy.root_cause(cause).dimension
+    except KeyError:
+        return None
+
+
+def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion], latencies: list[float]) -> dict:
+    """Every figure and table of one evaluation run."""
+    latencies = sorted(latencies)
+    result = {"figures": score(cases, preds), "baselines": baselines(engine, cases, preds),
+              "confusion": confusion(cases, preds), "symptom_confusion": confusion(cases, preds, "symptom"),
+              "per_class": per_class(cases, preds), "risk_coverage": risk_coverage(cases, preds),
+              "latency_ms_p50": latencies[len(latencies) // 2]}
+    reference = second_expert(cases, lambda cause: _dimension(engine, cause))
+    if reference:
+        result["second_expert"] = reference
+    return result
 
 
 def case_incident(case: Case) -> Incident:
@@ -171,10 +241,7 @@ def evaluate_kfold(kb: KnowledgeBase, cases: list[Case], folds: int = 5, seed: i
                     if progress:
                         progress(1)
         preds = [p for p in all_preds if p is not None]
-        latencies = sorted(p.trace.get("latency_ms", 0.0) for p in preds)
-        return {"figures": score(cases, preds), "baselines": baselines(engine, cases, preds),
-                "confusion": confusion(cases, preds), "latency_ms_p50": latencies[len(latencies) // 2],
-                "folds": folds}
+        return {**_result(engine, cases, preds, [p.trace.get("latency_ms", 0.0) for p in preds]), "folds": folds}
 
 
 FIGURE_NAMES = {
@@ -198,20 +265,40 @@ def format_side_by_side(engine_only: dict, with_llm: dict, backend: str) -> str:
 
 
 def format_report(result: dict, title: str) -> str:
-    """A plain-text table of the figures, the baselines and the confusion table."""
-    lines = [f"## {title}", "", "| figure | value |", "|---|---|"]
+    """Plain-text tables: the figures (beside a second expert's blind agreement when the labelled
+    file has one), the baselines, per-class figures, precision by abstain threshold and the
+    confusion tables."""
+    reference = result.get("second_expert") or {}
+    lines = [f"## {title}", ""]
+    if reference:
+        lines += [f"| figure | pmkb | second expert, blind (n={reference['n']}) |", "|---|---|---|"]
+    else:
+        lines += ["| figure | value |", "|---|---|"]
     for key, name in FIGURE_NAMES.items():
-        lines.append(f"| {name} | {result['figures'][key]:.3f} |")
-    lines.append(f"| n | {result['figures']['n']} |")
-    lines.append(f"| suggest latency p50 (ms) | {result['latency_ms_p50']:.0f} |")
+        row = f"| {name} | {result['figures'][key]:.3f} |"
+        if reference:
+            row += f" {reference[key]:.3f} |" if key in reference else " - |"
+        lines.append(row)
+    lines.append(f"| n | {result['figures']['n']} |" + (" |" if reference else ""))
+    lines.append(f"| suggest latency p50 (ms) | {result['latency_ms_p50']:.0f} |" + (" |" if reference else ""))
     base = result["baselines"]
     lines += ["", "| baseline | top-1 | macro-F1 |", "|---|---|---|",
               f"| majority class ({base['majority_class']['label']}) | {base['majority_class']['top1']:.3f} | "
               f"{base['majority_class']['macro_f1']:.3f} |",
               f"| neighbour vote alone | {base['neighbour_vote']['top1']:.3f} | "
               f"{base['neighbour_vote']['macro_f1']:.3f} |",
-              f"| pmkb engine | {result['figures']['top1']:.3f} | {result['figures']['macro_f1']:.3f} |",
-              "", "confusion (truth -> predicted: count, errors only):"]
-    for truth, row in result["confusion"].items():
-        lines.append(f"  {truth:32} " + ", ".join(f"{p}: {n}" for p, n in row.items()))
+              f"| pmkb engine | {result['figures']['top1']:.3f} | {result['figures']['macro_f1']:.3f} |"]
+    if "risk_coverage" in result:
+        lines += ["", "| abstain below | coverage | precision |", "|---|---|---|"]
+        lines += [f"| {row['threshold']:.1f} | {row['coverage']:.3f} | {row['precision']:.3f} |"
+                  for row in result["risk_coverage"]]
+    if "per_class" in result:
+        lines += ["", "| root cause | support | precision | recall | F1 |", "|---|---|---|---|---|"]
+        lines += [f"| {label} | {row['support']} | {row['precision']:.2f} | {row['recall']:.2f} | {row['f1']:.2f} |"
+                  for label, row in result["per_class"].items()]
+    for key, name in (("confusion", "root cause"), ("symptom_confusion", "symptom")):
+        if key in result:
+            lines += ["", f"{name} confusion (truth -> predicted: count, errors only):"]
+            lines += [f"  {truth:32} " + ", ".join(f"{p}: {n}" for p, n in row.items())
+                      for truth, row in result[key].items()]
     return "\n".join(lines)

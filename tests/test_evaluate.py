@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from kb.evaluate import Case, confusion, evaluate, evaluate_kfold, load_cases, macro_f1, score
+from kb.evaluate import (Case, confusion, evaluate, evaluate_kfold, format_report, load_cases, macro_f1, per_class,
+                         risk_coverage, score, second_expert)
 from kb.suggest import Candidate, Suggestion, SuggestionEngine, Ticket
 from tests.conftest import DEV_INCIDENTS
 
@@ -17,8 +18,8 @@ def _pred(cause, dim, conf=0.9, abstained=False, symptom="job_crash"):
                       similar_incidents=[], evidence=[])
 
 
-def _case(cause, dim, alt=()):
-    return Case(Ticket(title="t"), cause, dim, "job_crash", "node_repair", list(alt), {})
+def _case(cause, dim, alt=(), symptom="job_crash", record=None):
+    return Case(Ticket(title="t"), cause, dim, symptom, "node_repair", list(alt), record or {})
 
 
 def test_macro_f1_known_values():
@@ -40,6 +41,50 @@ def test_score_counts_alternatives_abstention_and_dimension():
                                        "system_defect": {"gpu_lost": 1}}
 
 
+def test_per_class_risk_coverage_and_symptom_confusion():
+    cases = [_case("gpu_lost", "hardware"), _case("gpu_lost", "hardware", symptom="job_hang"),
+             _case("buggy_code", "user")]
+    preds = [_pred("gpu_lost", "hardware", conf=0.9), _pred("buggy_code", "user", conf=0.35),
+             _pred("buggy_code", "user", conf=0.6)]
+    table = per_class(cases, preds)
+    assert table["gpu_lost"] == {"support": 2, "precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3)}
+    assert table["buggy_code"]["precision"] == 0.5 and table["buggy_code"]["recall"] == 1.0
+    rows = {r["threshold"]: r for r in risk_coverage(cases, preds, thresholds=(0.0, 0.5, 0.95))}
+    assert rows[0.0]["coverage"] == 1.0 and rows[0.0]["precision"] == pytest.approx(2 / 3)
+    assert rows[0.5]["coverage"] == pytest.approx(2 / 3) and rows[0.5]["precision"] == 1.0
+    assert rows[0.95]["coverage"] == 0.0
+    assert confusion(cases, preds, "symptom") == {"job_hang": {"job_crash": 1}}
+
+
+def test_second_expert_agreement_is_computed_from_the_file():
+    dims = {"gpu_lost": "hardware", "gpu_processor_fault": "hardware", "buggy_code": "user"}
+    cases = [_case("gpu_lost", "hardware", record={"second_opinion": {"root_cause": "gpu_lost",
+                                                                       "symptom": "job_crash"}}),
+             _case("gpu_lost", "hardware", alt=["gpu_processor_fault"],
+                   record={"second_opinion": {"root_cause": "gpu_processor_fault", "symptom": "job_hang"}}),
+             _case("buggy_code", "user", record={"second_opinion": {"root_cause": "gpu_lost",
+                                                                     "symptom": "job_crash"}})]
+    ref = second_expert(cases, dims.get)
+    assert ref["n"] == 3 and ref["top1"] == pytest.approx(1 / 3) and "top1_alt" not in ref
+    assert ref["dimension"] == pytest.approx(2 / 3) and ref["symptom"] == pytest.approx(2 / 3)
+    assert second_expert([_case("gpu_lost", "hardware")]) is None
+
+
+def test_report_shows_reference_thresholds_and_classes():
+    cases = [_case("gpu_lost", "hardware", record={"second_opinion": {"root_cause": "gpu_lost"}})]
+    preds = [_pred("buggy_code", "user", conf=0.45)]
+    result = {"figures": score(cases, preds), "latency_ms_p50": 12.0,
+              "baselines": {"majority_class": {"label": "gpu_lost", "top1": 1.0, "macro_f1": 1.0},
+                            "neighbour_vote": {"top1": 0.0, "macro_f1": 0.0}},
+              "confusion": confusion(cases, preds), "symptom_confusion": {},
+              "per_class": per_class(cases, preds), "risk_coverage": risk_coverage(cases, preds, (0.0, 0.5)),
+              "second_expert": second_expert(cases)}
+    text = format_report(result, "x")
+    assert "| root cause top-1 | 0.000 | 1.000 |" in text  # engine beside the second expert
+    assert "| 0.5 | 0.000 | nan |" in text and "| gpu_lost | 1 | 0.00 | 0.00 | 0.00 |" in text
+    assert "gpu_lost                         buggy_code: 1" in text
+
+
 def test_load_cases_rejects_unlabelled(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps({"id": "a", "title": "t"}) + "\n")
@@ -55,5 +100,8 @@ def test_evaluate_and_kfold_on_labelled_tickets(shared_bundled_kb, tmp_path):
     assert figures["n"] == 20 and all(0 <= figures[k] <= 1 for k in ("top1", "top3", "macro_f1", "ece"))
     assert figures["top3"] >= figures["top1"]
     assert result["baselines"]["majority_class"]["label"] in shared_bundled_kb.taxonomy.cause_ids
+    assert sum(row["support"] for row in result["per_class"].values()) == 20
+    assert result["second_expert"]["n"] == 20 and 0 <= result["second_expert"]["dimension"] <= 1
+    assert result["risk_coverage"][0]["coverage"] == 1.0
     kfold = evaluate_kfold(shared_bundled_kb, cases, folds=2)
     assert kfold["figures"]["n"] == 20 and kfold["folds"] == 2
