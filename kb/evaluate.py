@@ -51,6 +51,14 @@ def load_cases(path: Path) -> list[Case]:
     return cases
 
 
+def fill_dimensions(cases: list[Case], taxonomy) -> list[Case]:
+    """Cases whose record gives no dimension take their root cause's dimension from the taxonomy."""
+    for case in cases:
+        if case.dimension is None and case.root_cause in taxonomy.cause_ids:
+            case.dimension = taxonomy.root_cause(case.root_cause).dimension
+    return cases
+
+
 def macro_f1(truth: list[str], pred: list[str]) -> float:
     """Macro-averaged F1 over the classes present in the truth."""
     scores = []
@@ -174,6 +182,7 @@ def evaluate(engine: SuggestionEngine, cases: list[Case],
     compute every figure plus baselines."""
     preds, latencies = [], []
     suggester = suggester or engine
+    cases = fill_dimensions(cases, engine.kb.taxonomy)
     for case in cases:
         started = time.perf_counter()
         preds.append(suggester.suggest(case.ticket))
@@ -222,6 +231,7 @@ def evaluate_kfold(kb: KnowledgeBase, cases: list[Case], folds: int = 5, seed: i
     The text classifier and the retrieval index always include the other folds; ``refit`` also
     refits the classifier weights leave-one-out per fold (slower).
     """
+    cases = fill_dimensions(cases, kb.taxonomy)
     order = list(range(len(cases)))
     random.Random(seed).shuffle(order)
     fold_of = {i: n % folds for n, i in enumerate(order)}

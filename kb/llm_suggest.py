@@ -284,7 +284,8 @@ class LLMSuggester:
         # Mitigations follow the accepted cause: it takes the top probability for the ranking.
         probs = [(c.id, top if c.id == cause_id else p if c.id == base.root_cause else c.confidence)
                  for c in base.root_cause_candidates]
-        steps = rank_mitigations(self.engine.kb.taxonomy, probs, base.similar_incidents, base.suspect)[:4]
+        steps = rank_mitigations(self.engine.kb.taxonomy, probs, base.similar_incidents, base.suspect,
+                                 self.engine.usual_mitigations())[:4]
         return {"root_cause": cause_id, "root_cause_name": cause.name, "root_cause_dimension": cause.dimension,
                 "root_cause_confidence": p, "abstained": abstained, "retry_safe": cause.retry_safe and not abstained,
                 "mitigations": steps or base.mitigations, "mitigation": steps[0].id if steps else base.mitigation}

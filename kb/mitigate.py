@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
 from pydantic import BaseModel, ConfigDict
 
 from kb.classify import neighbour_votes
@@ -10,7 +13,10 @@ from kb.search import SimilarIncident
 from kb.taxonomy import LowUtilTaxonomy, Taxonomy
 
 DEFAULTS_SHARE = 0.5
-"""Share of the cause defaults in a mitigation's score; the neighbours' mitigations take the rest."""
+"""Share of the causes' usual mitigations in a mitigation's score; the neighbours' take the rest."""
+HISTORY_STRENGTH = 5.0
+"""How many incidents' worth of weight a cause's taxonomy defaults carry against the knowledge
+base's own record of how incidents of that cause were mitigated."""
 
 
 class MitigationStep(BaseModel):
@@ -41,14 +47,35 @@ def _default_weights(defaults: list[str]) -> dict[str, float]:
     return {m: w / total for m, w in raw.items()}
 
 
+def cause_mitigations(taxonomy: Taxonomy, incidents: Iterable) -> dict[str, dict[str, float]]:
+    """For each root cause, how its incidents were mitigated: the shares among the labelled
+    incidents with that cause, smoothed toward the taxonomy's default mitigations (which alone
+    decide for a cause the knowledge base has no incident of)."""
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for incident in incidents:
+        if incident.root_cause and incident.mitigation:
+            counts[incident.root_cause][incident.mitigation] += 1
+    table = {}
+    for cause in taxonomy.root_causes:
+        defaults, seen = _default_weights(cause.default_mitigations), counts[cause.id]
+        total = sum(seen.values()) + HISTORY_STRENGTH
+        table[cause.id] = {m: (seen[m] + HISTORY_STRENGTH * defaults.get(m, 0.0)) / total
+                           for m in {*defaults, *seen}}
+    return table
+
+
 def rank_mitigations(taxonomy: Taxonomy, cause_probs: list[tuple[str, float]],
-                     similar: list[SimilarIncident], suspect: dict | None) -> list[MitigationStep]:
-    """Blend the probable causes' default mitigations with how similar incidents were mitigated."""
+                     similar: list[SimilarIncident], suspect: dict | None,
+                     usual: dict[str, dict[str, float]] | None = None) -> list[MitigationStep]:
+    """Blend the probable causes' usual mitigations (``usual``, from ``cause_mitigations``; the
+    taxonomy's defaults when absent) with how the similar incidents were mitigated."""
     ids = taxonomy.mitigation_ids
     from_defaults = dict.fromkeys(ids, 0.0)
     for cause, prob in cause_probs:
-        for mid, weight in _default_weights(taxonomy.root_cause(cause).default_mitigations).items():
-            from_defaults[mid] += prob * weight
+        shares = (usual or {}).get(cause) or _default_weights(taxonomy.root_cause(cause).default_mitigations)
+        for mid, weight in shares.items():
+            if mid in from_defaults:
+                from_defaults[mid] += prob * weight
     votes = neighbour_votes(similar, ids, "mitigation")
     has_votes = any(votes.values())
     share = DEFAULTS_SHARE if has_votes else 1.0

@@ -17,7 +17,8 @@ from kb.classify import VOTING_PROVENANCE, Calibration, build_features, fit_weig
 from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
 from kb.incidents import Incident, trim_middle
 from kb.knowledge import KnowledgeBase
-from kb.mitigate import LowUtilisationHint, MitigationStep, low_utilisation_hints, rank_mitigations
+from kb.mitigate import (LowUtilisationHint, MitigationStep, cause_mitigations, low_utilisation_hints,
+                         rank_mitigations)
 from kb.prompting import strip_instruction_lines
 from kb.redact import redact
 from kb.search import BM25, DENSE_WEIGHT, Retriever, SimilarIncident, _Corpus, tokenize
@@ -169,7 +170,7 @@ class SuggestionEngine:
         self.settings = kb.settings
         self.retriever = retriever or VotingRetriever(kb)
         self._calibration = calibration
-        self._prior_cache: tuple[object, dict] = (None, {})
+        self._corpus_cache: tuple[object, dict] = (None, {})
 
     @cached_property
     def signatures(self):
@@ -247,17 +248,27 @@ class SuggestionEngine:
             log.warning("could not cache the text classifiers at %s: %s", self.classifier_cache_path, exc)
         return classifiers
 
-    def _priors(self, field: str, labels: list[str]) -> dict[str, float]:
+    def _per_corpus(self, key: str, compute):
+        """``compute(voting incidents)``, once per loaded corpus rather than per ticket."""
         corpus = self.retriever._load()
-        if self._prior_cache[0] is not corpus:  # counted once per loaded corpus, not per ticket
-            self._prior_cache = (corpus, {})
-        cache = self._prior_cache[1]
-        if field not in cache:
-            counts = Counter(getattr(i, field) for i in corpus.incidents
-                             if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0)
+        if self._corpus_cache[0] is not corpus:
+            self._corpus_cache = (corpus, {})
+        cache = self._corpus_cache[1]
+        if key not in cache:
+            cache[key] = compute([i for i in corpus.incidents if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0])
+        return cache[key]
+
+    def _priors(self, field: str, labels: list[str]) -> dict[str, float]:
+        def count(voters):
+            counts = Counter(getattr(i, field) for i in voters)
             total = sum(counts[label] for label in labels)
-            cache[field] = {label: (counts[label] + 1) / (total + len(labels)) for label in labels}
-        return cache[field]
+            return {label: (counts[label] + 1) / (total + len(labels)) for label in labels}
+
+        return self._per_corpus(f"prior:{field}", count)
+
+    def usual_mitigations(self) -> dict[str, dict[str, float]]:
+        """How each root cause's incidents in this knowledge base were mitigated (smoothed)."""
+        return self._per_corpus("mitigations", lambda voters: cause_mitigations(self.kb.taxonomy, voters))
 
     def _features(self, text: str, vector: np.ndarray, similar: list[SimilarIncident],
                   evidence: list[Evidence], text_log_proba: dict[str, np.ndarray] | None = None):
@@ -389,7 +400,7 @@ class SuggestionEngine:
         cause = self.kb.taxonomy.root_cause(top_cause)
         suspect = find_suspect(text) if cause.dimension == "hardware" or any(
             e.suspect for e in evidence) else None
-        mitigations = rank_mitigations(self.kb.taxonomy, causes[:5], similar, suspect)
+        mitigations = rank_mitigations(self.kb.taxonomy, causes[:5], similar, suspect, self.usual_mitigations())
         low_util = (low_utilisation_hints(self.low_util, evidence, text)
                     if symptoms[0][0] in LOW_UTIL_SYMPTOMS or any(e.low_gpu_utilisation for e in evidence)
                     else [])

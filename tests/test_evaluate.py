@@ -4,9 +4,11 @@ import json
 
 import pytest
 
-from kb.evaluate import (Case, confusion, evaluate, evaluate_kfold, format_report, load_cases, macro_f1, per_class,
-                         risk_coverage, score, second_expert)
+from kb.evaluate import (Case, confusion, evaluate, evaluate_kfold, fill_dimensions, format_report, load_cases,
+                         macro_f1, per_class, risk_coverage, score, second_expert)
+from kb.settings import Settings
 from kb.suggest import Candidate, Suggestion, SuggestionEngine, Ticket
+from kb.taxonomy import load_taxonomy
 from tests.conftest import DEV_INCIDENTS
 
 
@@ -83,6 +85,13 @@ def test_report_shows_reference_thresholds_and_classes():
     assert "| root cause top-1 | 0.000 | 1.000 |" in text  # engine beside the second expert
     assert "| 0.5 | 0.000 | nan |" in text and "| gpu_lost | 1 | 0.00 | 0.00 | 0.00 |" in text
     assert "gpu_lost                         buggy_code: 1" in text
+
+
+def test_missing_dimensions_come_from_the_taxonomy():
+    taxonomy = load_taxonomy(Settings.model_fields["taxonomy"].default)
+    cases = fill_dimensions([_case("gpu_lost", None), _case("buggy_code", "hardware"), _case("not_a_cause", None)],
+                            taxonomy)
+    assert [c.dimension for c in cases] == ["hardware", "hardware", None]  # a given dimension is kept
 
 
 def test_load_cases_rejects_unlabelled(tmp_path):
