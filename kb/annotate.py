@@ -25,6 +25,7 @@ def annotation_record(s: Suggestion) -> dict:
                               for h in s.similar_incidents],
         "evidence": [{"signal": e.signal, "text": e.text, "category": e.category} for e in s.evidence],
         "abstained": s.abstained,
+        "abstain_reason": s.abstain_reason,
         "retry_safe": s.retry_safe,
         "suspect": s.suspect,
         "low_gpu_utilisation": [h.id for h in s.low_gpu_utilisation],

@@ -28,7 +28,7 @@ from kb.mitigate import rank_mitigations
 from kb.prompting import (PromptError, cited_ids, injection_markers, load_prompt, neutralise,
                            strip_instruction_lines, trim_around_evidence)
 from kb.redact import redact
-from kb.suggest import Candidate, Suggestion, SuggestionEngine, Ticket
+from kb.suggest import TOO_LITTLE_TEXT, Candidate, Suggestion, SuggestionEngine, Ticket, abstain_reason
 
 CAUSE_CHOICES = 5
 """Root-cause candidates offered to the model: the engine's top five."""
@@ -279,7 +279,8 @@ class LLMSuggester:
         """Fields that follow the root cause: name, dimension, confidence, abstention, mitigations."""
         cause = self.engine.kb.taxonomy.root_cause(cause_id)
         p = next(c.confidence for c in base.root_cause_candidates if c.id == cause_id)
-        abstained = p < self.settings.abstain_threshold
+        reason = abstain_reason(p, self.settings.abstain_threshold, base.abstain_reason == TOO_LITTLE_TEXT)
+        abstained = reason is not None
         top = base.root_cause_candidates[0].confidence
         # Mitigations follow the accepted cause: it takes the top probability for the ranking.
         probs = [(c.id, top if c.id == cause_id else p if c.id == base.root_cause else c.confidence)
@@ -287,7 +288,8 @@ class LLMSuggester:
         steps = rank_mitigations(self.engine.kb.taxonomy, probs, base.similar_incidents, base.suspect,
                                  self.engine.usual_mitigations())[:4]
         return {"root_cause": cause_id, "root_cause_name": cause.name, "root_cause_dimension": cause.dimension,
-                "root_cause_confidence": p, "abstained": abstained, "retry_safe": cause.retry_safe and not abstained,
+                "root_cause_confidence": p, "abstained": abstained, "abstain_reason": reason,
+                "retry_safe": cause.retry_safe and not abstained,
                 "mitigations": steps or base.mitigations, "mitigation": steps[0].id if steps else base.mitigation}
 
 

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     chroma_url: str | None = None
     # Suggestions whose top root-cause probability is below this are marked abstained.
     abstain_threshold: float = 0.35
+    # A ticket with fewer distinct content words than this and no log signature says too little
+    # to tell the cause ("job failed", "please take a look"): it is marked abstained whatever
+    # the probabilities.
+    min_ticket_words: int = 5
     # How many similar incidents to retrieve for a ticket.
     neighbours: int = 8
     # LLM backend: none | llamacpp | openai.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -68,6 +69,25 @@ class Candidate(BaseModel):
     confidence: float
 
 
+LOW_CONFIDENCE = "low_confidence"  # top root-cause probability under the abstain threshold
+TOO_LITTLE_TEXT = "too_little_text"  # no log signature and too few content words to tell
+
+
+def content_words(text: str) -> set[str]:
+    """Distinct words of three or more characters that are not English stop words."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return {w for w in re.findall(r"[a-z0-9][a-z0-9_.\-]*[a-z0-9]", text.lower())
+            if len(w) >= 3 and w not in ENGLISH_STOP_WORDS}
+
+
+def abstain_reason(confidence: float, threshold: float, too_little_text: bool) -> str | None:
+    """Why a suggestion with this top probability abstains (None: it labels)."""
+    if too_little_text:
+        return TOO_LITTLE_TEXT
+    return LOW_CONFIDENCE if confidence < threshold else None
+
+
 class Suggestion(BaseModel):
     """What pmkb suggests for a ticket, with the evidence behind each part."""
 
@@ -82,7 +102,8 @@ class Suggestion(BaseModel):
     root_cause_dimension: str
     root_cause_confidence: float
     root_cause_candidates: list[Candidate]  # ranked
-    abstained: bool  # top probability below the abstain threshold: do not label
+    abstained: bool  # not sure enough to label: see abstain_reason
+    abstain_reason: str | None = None  # LOW_CONFIDENCE or TOO_LITTLE_TEXT when abstained
     mitigation: str  # first of the ranked mitigations
     mitigations: list[MitigationStep]
     retry_safe: bool  # would resubmitting (excluding the suspect node) likely clear it?
@@ -404,14 +425,16 @@ class SuggestionEngine:
         low_util = (low_utilisation_hints(self.low_util, evidence, text)
                     if symptoms[0][0] in LOW_UTIL_SYMPTOMS or any(e.low_gpu_utilisation for e in evidence)
                     else [])
-        abstained = top_p < self.settings.abstain_threshold
+        too_little = not evidence and len(content_words(text)) < self.settings.min_ticket_words
+        reason = abstain_reason(top_p, self.settings.abstain_threshold, too_little)
+        abstained = reason is not None
         suggestion = Suggestion(
             id=ticket.id, symptom=symptoms[0][0], symptom_confidence=round(symptoms[0][1], 4),
             symptom_candidates=[Candidate(id=s, confidence=round(p, 4)) for s, p in symptoms[:3]],
             root_cause=top_cause, root_cause_name=cause.name, root_cause_dimension=cause.dimension,
             root_cause_confidence=round(top_p, 4),
             root_cause_candidates=[Candidate(id=c, confidence=round(p, 4)) for c, p in causes[:5]],
-            abstained=abstained, mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
+            abstained=abstained, abstain_reason=reason, mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
             mitigations=mitigations[:4], retry_safe=cause.retry_safe and not abstained, suspect=suspect,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace={"engine": f"pmkb-engine/{__version__}", "taxonomy": self.kb.taxonomy.name,
@@ -422,10 +445,17 @@ class SuggestionEngine:
         return suggestion
 
 
+TOO_LITTLE_ADVICE = ("the ticket says too little to tell the cause; add the error message or log lines, "
+                     "the job id and node, and what changed")
+
+
 def explain(s: Suggestion) -> str:
     """A short paragraph saying why the engine suggests what it does."""
     parts = []
-    if s.abstained:
+    if s.abstain_reason == TOO_LITTLE_TEXT:
+        parts.append(f"Not sure: {TOO_LITTLE_ADVICE} (best guess {s.root_cause} at "
+                     f"{s.root_cause_confidence:.0%}).")
+    elif s.abstained:
         parts.append(f"Not sure: the best guess is {s.root_cause} at {s.root_cause_confidence:.0%}, "
                      "below the abstain threshold.")
     else:

@@ -20,7 +20,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from kb.settings import Settings
-from kb.suggest import Suggestion
+from kb.suggest import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, Suggestion
 
 GITHUB_MARKER = "<!-- pmkb:suggestion -->"
 """First line of the pmkb comment on GitHub (an HTML comment: invisible when rendered)."""
@@ -90,7 +90,11 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
     bold = (lambda t: f"**{t}**") if gh else (lambda t: f"*{t}*")
     lines = [GITHUB_MARKER if gh else JIRA_MARKER]
     heading = "### " if gh else "h3. "
-    if s.abstained:
+    if s.abstain_reason == TOO_LITTLE_TEXT:
+        lines.append(f"{heading}pmkb is not sure about the root cause")
+        lines.append(f"No labels were applied: {TOO_LITTLE_ADVICE}. Candidates so far:")
+        lines += [f"{'1.' if gh else '#'} {code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates]
+    elif s.abstained:
         lines.append(f"{heading}pmkb is not sure about the root cause")
         lines.append(f"The best guess is at {s.root_cause_confidence:.0%}, below the confidence threshold, "
                      "so no labels were applied. Candidates:")

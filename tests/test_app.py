@@ -247,3 +247,6 @@ def test_the_threshold_is_applied_to_what_is_shown(reference):
     assert strict.abstained and not strict.retry_safe and strict.explanation.startswith("Not sure")
     assert apply_threshold(strict, 0.0, taxonomy).retry_safe == s.retry_safe
     assert apply_threshold(s, 0.0, taxonomy) is s
+    vague = reference.suggest(Ticket(title="Job failed"))
+    assert vague.abstain_reason == "too_little_text"
+    assert apply_threshold(vague, 0.0, taxonomy).abstained  # no threshold makes a vague ticket labelled

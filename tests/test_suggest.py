@@ -2,7 +2,7 @@
 
 import pytest
 
-from kb.suggest import EmptyTicket, SuggestionEngine, Ticket
+from kb.suggest import LOW_CONFIDENCE, TOO_LITTLE_TEXT, EmptyTicket, SuggestionEngine, Ticket, content_words
 from kb.incidents import Incident
 
 
@@ -45,8 +45,33 @@ def test_abstains_under_the_threshold(shared_bundled_kb):
     from kb.knowledge import KnowledgeBase
 
     kb = KnowledgeBase(strict, embedder=shared_bundled_kb.embedder)
-    s = SuggestionEngine(kb).suggest(Ticket(title="something is odd", description="my job behaves strangely"))
+    s = SuggestionEngine(kb).suggest(Ticket(title="training on gpu-3 behaves strangely",
+                                            description="loss spikes every few hundred steps since Monday"))
     assert s.abstained and not s.retry_safe and "Not sure" in s.explanation
+    assert s.abstain_reason == LOW_CONFIDENCE
+
+
+def test_content_words_skip_stop_words_and_short_tokens():
+    assert content_words("Something is off. Not sure what happened, please take a look.") == {
+        "sure", "happened", "look"}
+    assert content_words("NCCL timeout on gpu-b07, job 4411") == {"nccl", "timeout", "gpu-b07", "job", "4411"}
+
+
+@pytest.mark.parametrize("title,description", [
+    ("Job failed", ""), ("Something is off", "Not sure what happened, please take a look."),
+    ("it broke again", "same as last week")])
+def test_a_ticket_that_says_too_little_is_never_labelled(engine, title, description):
+    s = engine.suggest(Ticket(title=title, description=description))
+    assert s.abstained and s.abstain_reason == TOO_LITTLE_TEXT and not s.retry_safe
+    assert "says too little" in s.explanation and "error message" in s.explanation
+
+
+def test_a_short_ticket_with_a_log_signature_is_not_too_vague(engine):
+    s = engine.suggest(Ticket(title="Xid 79 on gpu-b07"))
+    assert s.evidence and s.abstain_reason != TOO_LITTLE_TEXT and s.root_cause == "gpu_lost"
+    full = engine.suggest(Ticket(title="pod OOMKilled", description="kubectl describe shows Reason: OOMKilled, "
+                                 "Exit Code: 137; the container limit is 8Gi and the loader holds the dataset"))
+    assert full.abstain_reason in (None, LOW_CONFIDENCE) and full.abstained == (full.abstain_reason is not None)
 
 
 def test_labels_of_the_input_are_never_read(engine):

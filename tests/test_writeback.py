@@ -20,7 +20,7 @@ from kb.evidence import Evidence
 from kb.mitigate import MitigationStep
 from kb.search import SimilarIncident
 from kb.settings import Settings
-from kb.suggest import Candidate, Suggestion
+from kb.suggest import TOO_LITTLE_TEXT, Candidate, Suggestion
 from kb.writeback import (GITHUB_MARKER, JIRA_MARKER, TicketRef, WriteBackError, labels_in_comment,
                           render_comment, suggestion_labels, write_back)
 
@@ -204,6 +204,13 @@ def test_render_comment_confident_github():
     assert "node_repair" in body and "Drain gpu-12" in body
     assert "confidence threshold" not in body
     assert "confidence threshold" in render_comment(make_suggestion(), threshold_note=True)
+
+
+def test_render_comment_for_a_ticket_that_says_too_little_asks_for_more():
+    s = make_suggestion(abstained=True, abstain_reason=TOO_LITTLE_TEXT)
+    body = render_comment(s, threshold_note=True)
+    assert "says too little" in body and "error message" in body and "below the confidence" not in body
+    assert labels_in_comment(body) == [] and suggestion_labels(s) == []
 
 
 def test_render_comment_abstained_lists_candidates_and_no_labels():

@@ -6,7 +6,7 @@ import streamlit as st
 
 from kb.incidents import Incident
 from kb.store import ChromaStore
-from kb.suggest import Suggestion, explain
+from kb.suggest import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, Suggestion, abstain_reason, explain
 from kb.taxonomy import Taxonomy
 from ui.highlight import escape_markdown as md
 from ui.highlight import safe_link
@@ -16,12 +16,14 @@ DIMENSION_COLOURS = {"hardware": "red", "platform": "blue", "user": "violet"}
 
 def apply_threshold(suggestion: Suggestion, threshold: float, taxonomy: Taxonomy) -> Suggestion:
     """The suggestion as shown under another abstain threshold (abstained and retry_safe redone)."""
-    abstained = suggestion.root_cause_confidence < threshold
-    if abstained == suggestion.abstained:
+    reason = abstain_reason(suggestion.root_cause_confidence, threshold,
+                            suggestion.abstain_reason == TOO_LITTLE_TEXT)
+    if reason == suggestion.abstain_reason:
         return suggestion
+    abstained = reason is not None
     cause_safe = (taxonomy.root_cause(suggestion.root_cause).retry_safe
                   if suggestion.root_cause in taxonomy.cause_ids else False)
-    shown = suggestion.model_copy(update={"abstained": abstained,
+    shown = suggestion.model_copy(update={"abstained": abstained, "abstain_reason": reason,
                                           "retry_safe": cause_safe and not abstained})
     shown.explanation = explain(shown)
     return shown
@@ -61,6 +63,10 @@ def render_incident(incident: Incident, taxonomy: Taxonomy) -> None:
 
 def _verdict(s: Suggestion, threshold: float) -> None:
     dimension = s.root_cause_dimension
+    if s.abstain_reason == TOO_LITTLE_TEXT:
+        st.warning(f"**Not sure:** {md(TOO_LITTLE_ADVICE)}. The best guess would be {md(s.root_cause_name)} "
+                   f"({md(dimension)}) at {s.root_cause_confidence:.0%}.", icon=":material/help:")
+        return
     if s.abstained:
         st.warning(f"**Not sure.** The best guess, {md(s.root_cause_name)} ({md(dimension)}), has "
                    f"{s.root_cause_confidence:.0%} confidence, below the abstain threshold of "
