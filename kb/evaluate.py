@@ -55,7 +55,7 @@ def fill_dimensions(cases: list[Case], taxonomy) -> list[Case]:
     """Cases whose record gives no dimension take their root cause's dimension from the taxonomy."""
     for case in cases:
         if case.dimension is None and case.root_cause in taxonomy.cause_ids:
-            case.dimension = taxonomy.root_cause(case.root_cause).dimension
+            case.dimension = taxonomy.dimension_of(case.root_cause)
     return cases
 
 
@@ -196,13 +196,6 @@ def evaluate(engine: SuggestionEngine, cases: list[Case],
                             for c, p in zip(cases, preds)]}
 
 
-def _dimension(engine: SuggestionEngine, cause: str) -> str | None:
-    try:
-        return engine.kb.taxonomy.root_cause(cause).dimension
-    except KeyError:
-        return None
-
-
 def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion], latencies: list[float]) -> dict:
     """Every figure and table of one evaluation run."""
     latencies = sorted(latencies)
@@ -210,7 +203,8 @@ def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]
               "confusion": confusion(cases, preds), "symptom_confusion": confusion(cases, preds, "symptom"),
               "per_class": per_class(cases, preds), "risk_coverage": risk_coverage(cases, preds),
               "latency_ms_p50": latencies[len(latencies) // 2]}
-    reference = second_expert(cases, lambda cause: _dimension(engine, cause))
+    tax = engine.kb.taxonomy
+    reference = second_expert(cases, lambda cause: tax.dimension_of(cause) if cause in tax.cause_ids else None)
     if reference:
         result["second_expert"] = reference
     return result

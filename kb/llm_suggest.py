@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kb.abstain import TOO_LITTLE_TEXT, abstain_reason
 from kb.chain import incident_document, structured_chain
 from kb.evidence import find_evidence
 from kb.llm import Generator, LLMError, LLMUnavailable, ResponseCache, shared_generator
@@ -28,7 +29,7 @@ from kb.mitigate import rank_mitigations
 from kb.prompting import (PromptError, cited_ids, injection_markers, load_prompt, neutralise,
                            strip_instruction_lines, trim_around_evidence)
 from kb.redact import redact
-from kb.suggest import TOO_LITTLE_TEXT, Candidate, Suggestion, SuggestionEngine, Ticket, abstain_reason
+from kb.suggest import Candidate, Suggestion, SuggestionEngine, Ticket
 
 CAUSE_CHOICES = 5
 """Root-cause candidates offered to the model: the engine's top five."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb import __version__
+from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason, content_words
 from kb.classify import VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict
 from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
 from kb.incidents import Incident, trim_middle
@@ -67,25 +67,6 @@ class Candidate(BaseModel):
 
     id: str
     confidence: float
-
-
-LOW_CONFIDENCE = "low_confidence"  # top root-cause probability under the abstain threshold
-TOO_LITTLE_TEXT = "too_little_text"  # no log signature and too few content words to tell
-
-
-def content_words(text: str) -> set[str]:
-    """Distinct words of three or more characters that are not English stop words."""
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
-    return {w for w in re.findall(r"[a-z0-9][a-z0-9_.\-]*[a-z0-9]", text.lower())
-            if len(w) >= 3 and w not in ENGLISH_STOP_WORDS}
-
-
-def abstain_reason(confidence: float, threshold: float, too_little_text: bool) -> str | None:
-    """Why a suggestion with this top probability abstains (None: it labels)."""
-    if too_little_text:
-        return TOO_LITTLE_TEXT
-    return LOW_CONFIDENCE if confidence < threshold else None
 
 
 class Suggestion(BaseModel):
@@ -443,10 +424,6 @@ class SuggestionEngine:
         suggestion.explanation = explain(suggestion)
         suggestion.trace["latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
         return suggestion
-
-
-TOO_LITTLE_ADVICE = ("the ticket says too little to tell the cause; add the error message or log lines, "
-                     "the job id and node, and what changed")
 
 
 def explain(s: Suggestion) -> str:

@@ -19,8 +19,9 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.settings import Settings
-from kb.suggest import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, Suggestion
+from kb.suggest import Suggestion
 
 GITHUB_MARKER = "<!-- pmkb:suggestion -->"
 """First line of the pmkb comment on GitHub (an HTML comment: invisible when rendered)."""

@@ -2,7 +2,8 @@
 
 import pytest
 
-from kb.suggest import LOW_CONFIDENCE, TOO_LITTLE_TEXT, EmptyTicket, SuggestionEngine, Ticket, content_words
+from kb.abstain import LOW_CONFIDENCE, TOO_LITTLE_TEXT
+from kb.suggest import EmptyTicket, SuggestionEngine, Ticket
 from kb.incidents import Incident
 
 
@@ -49,12 +50,6 @@ def test_abstains_under_the_threshold(shared_bundled_kb):
                                             description="loss spikes every few hundred steps since Monday"))
     assert s.abstained and not s.retry_safe and "Not sure" in s.explanation
     assert s.abstain_reason == LOW_CONFIDENCE
-
-
-def test_content_words_skip_stop_words_and_short_tokens():
-    assert content_words("Something is off. Not sure what happened, please take a look.") == {
-        "sure", "happened", "look"}
-    assert content_words("NCCL timeout on gpu-b07, job 4411") == {"nccl", "timeout", "gpu-b07", "job", "4411"}
 
 
 @pytest.mark.parametrize("title,description", [

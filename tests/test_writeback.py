@@ -16,11 +16,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import httpx
 import pytest
 
+from kb.abstain import TOO_LITTLE_TEXT
 from kb.evidence import Evidence
 from kb.mitigate import MitigationStep
 from kb.search import SimilarIncident
 from kb.settings import Settings
-from kb.suggest import TOO_LITTLE_TEXT, Candidate, Suggestion
+from kb.suggest import Candidate, Suggestion
 from kb.writeback import (GITHUB_MARKER, JIRA_MARKER, TicketRef, WriteBackError, labels_in_comment,
                           render_comment, suggestion_labels, write_back)
 

@@ -1,0 +1,29 @@
+"""When not to label: a suggestion abstains when its top probability is under the threshold, or
+when the ticket says too little for any probability to mean something ("job failed", "please take
+a look"), which the card, the ticket comment and the annotation output each explain."""
+
+from __future__ import annotations
+
+import re
+
+LOW_CONFIDENCE = "low_confidence"  # top root-cause probability under the abstain threshold
+TOO_LITTLE_TEXT = "too_little_text"  # no log signature and too few content words to tell
+
+
+def content_words(text: str) -> set[str]:
+    """Distinct words of three or more characters that are not English stop words."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return {w for w in re.findall(r"[a-z0-9][a-z0-9_.\-]*[a-z0-9]", text.lower())
+            if len(w) >= 3 and w not in ENGLISH_STOP_WORDS}
+
+
+def abstain_reason(confidence: float, threshold: float, too_little_text: bool) -> str | None:
+    """Why a suggestion with this top probability abstains (None: it labels)."""
+    if too_little_text:
+        return TOO_LITTLE_TEXT
+    return LOW_CONFIDENCE if confidence < threshold else None
+
+
+TOO_LITTLE_ADVICE = ("the ticket says too little to tell the cause; add the error message or log lines, "
+                     "the job id and node, and what changed")
