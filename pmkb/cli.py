@@ -236,10 +236,14 @@ def check_llm(llm: Optional[str]) -> Optional[str]:
 
 def render_card(s) -> str:
     """A readable suggestion card for the terminal."""
+    from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
+
     lines = []
     verdict = "NOT SURE" if s.abstained else "root cause"
     lines.append(f"{verdict}: {s.root_cause} ({s.root_cause_name}) [{s.root_cause_dimension}] "
                  f"{s.root_cause_confidence:.0%}")
+    if s.abstain_reason == TOO_LITTLE_TEXT:
+        lines.append(f"  {TOO_LITTLE_ADVICE}")
     others = ", ".join(f"{c.id} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
     lines.append(f"  next candidates: {others}")
     lines.append(f"symptom: {s.symptom} {s.symptom_confidence:.0%}")

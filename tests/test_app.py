@@ -141,6 +141,13 @@ def test_an_unsure_engine_says_not_sure_and_the_slider_changes_what_is_shown(app
     assert "Not sure" in at.warning[0].value
 
 
+def test_a_ticket_that_says_too_little_asks_for_more_at_any_threshold(app_home):
+    at = submit(open_app(), {"title": "Job failed", "description": "please take a look"})
+    assert at.warning and "says too little" in at.warning[0].value and not at.progress
+    at.slider(key="abstain_threshold").set_value(0.0).run()
+    assert at.warning and "says too little" in at.warning[0].value and not at.progress
+
+
 def test_an_empty_ticket_asks_for_text_instead_of_suggesting(app_home):
     at = submit(open_app(), {"title": "  ", "description": ""})
     assert "Paste a title" in at.warning[0].value

@@ -50,6 +50,8 @@ def test_search_suggest_and_annotate(tmp_path):
     assert any(h["root_cause"] in {"infiniband_failure", "network_switch_cable", "nic_failure"} for h in hits)
     card = pmkb("suggest", "Xid 79 GPU has fallen off the bus on node gpu-a3", home=tmp_path).stdout
     assert "gpu_lost" in card and "mitigations:" in card
+    vague = pmkb("suggest", "job failed, please take a look", home=tmp_path).stdout
+    assert vague.startswith("NOT SURE") and "says too little" in vague
     tickets = tmp_path / "in.jsonl"
     tickets.write_text("\n".join(json.dumps({"id": f"t{n}", "title": t, "description": d, "root_cause": "x"})
                                  for n, (t, d) in enumerate([("OOM", "Exit Code: 137 OOMKilled"),
