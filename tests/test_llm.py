@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from kb.abstain import TOO_LITTLE_TEXT
 from kb.classify import Calibration
 from kb.knowledge import KnowledgeBase
 from kb.llm import (LlamaCppGenerator, LLMUnavailable, ResponseCache, make_generator, request_key)
@@ -129,6 +130,10 @@ def test_applying_an_answer_follows_the_rule(engine, tmp_path):
     assert "kept gpu_lost" in far.trace["llm_choice"]["root_cause_rule"]
     locked = suggester.apply_answer(close, pick, ["ignore-instructions"], {})
     assert locked.root_cause == "gpu_lost" and "instruction-like" in locked.trace["llm_choice"]["root_cause_rule"]
+    vague = close.model_copy(update={"abstained": True, "abstain_reason": TOO_LITTLE_TEXT})
+    still_vague = suggester.apply_answer(vague, pick, [], {})  # the model may move the guess, never label it
+    assert still_vague.root_cause == "gpu_memory_error" and still_vague.abstained
+    assert still_vague.abstain_reason == TOO_LITTLE_TEXT and not still_vague.retry_safe
 
 
 def test_registry_and_configuration_errors(tmp_path):
