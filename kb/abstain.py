@@ -26,6 +26,11 @@ def content_words(text: str) -> set[str]:
     return words | {"".join(ideographs[n:n + 2]) for n in range(0, len(ideographs), 2)}
 
 
+def says_too_little(text: str, has_evidence: bool, min_words: int) -> bool:
+    """No log signature and fewer than ``min_words`` content words: too little to tell the cause."""
+    return not has_evidence and len(content_words(text)) < min_words
+
+
 def abstain_reason(confidence: float, threshold: float, too_little_text: bool) -> str | None:
     """Why a suggestion with this top probability abstains (None: it labels)."""
     if too_little_text:

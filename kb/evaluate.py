@@ -59,14 +59,22 @@ def fill_dimensions(cases: list[Case], taxonomy) -> list[Case]:
     return cases
 
 
+def label_figures(truth: list[str], pred: list[str]) -> dict[str, dict[str, float]]:
+    """Precision, recall, F1 and support for every label seen in truth or prediction."""
+    out = {}
+    for label in sorted(set(truth) | set(pred)):
+        tp = sum(t == label == p for t, p in zip(truth, pred))
+        n_pred, support = pred.count(label), truth.count(label)
+        out[label] = {"support": support, "precision": tp / n_pred if n_pred else 0.0,
+                      "recall": tp / support if support else 0.0,
+                      "f1": 2 * tp / (n_pred + support) if tp else 0.0}
+    return out
+
+
 def macro_f1(truth: list[str], pred: list[str]) -> float:
     """Macro-averaged F1 over the classes present in the truth."""
-    scores = []
-    for label in sorted(set(truth)):
-        tp = sum(t == label and p == label for t, p in zip(truth, pred))
-        fp = sum(t != label and p == label for t, p in zip(truth, pred))
-        fn = sum(t == label and p != label for t, p in zip(truth, pred))
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    table = label_figures(truth, pred)
+    scores = [table[label]["f1"] for label in set(truth)]
     return float(np.mean(scores)) if scores else 0.0
 
 
@@ -110,15 +118,7 @@ def confusion(cases: list[Case], preds: list[Suggestion], field: str = "root_cau
 
 def per_class(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, float]]:
     """Root-cause precision, recall, F1 and support for every label seen in truth or prediction."""
-    truth, predicted = [c.root_cause for c in cases], [p.root_cause for p in preds]
-    out = {}
-    for label in sorted(set(truth) | set(predicted)):
-        tp = sum(t == label == p for t, p in zip(truth, predicted))
-        n_pred, support = predicted.count(label), truth.count(label)
-        out[label] = {"support": support, "precision": tp / n_pred if n_pred else 0.0,
-                      "recall": tp / support if support else 0.0,
-                      "f1": 2 * tp / (n_pred + support) if tp else 0.0}
-    return out
+    return label_figures([c.root_cause for c in cases], [p.root_cause for p in preds])
 
 
 RISK_THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)

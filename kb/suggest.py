@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb import __version__
-from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason, content_words
+from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason, says_too_little
 from kb.classify import VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict
 from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
 from kb.incidents import Incident, trim_middle
@@ -406,8 +406,8 @@ class SuggestionEngine:
         low_util = (low_utilisation_hints(self.low_util, evidence, text)
                     if symptoms[0][0] in LOW_UTIL_SYMPTOMS or any(e.low_gpu_utilisation for e in evidence)
                     else [])
-        too_little = not evidence and len(content_words(text)) < self.settings.min_ticket_words
-        reason = abstain_reason(top_p, self.settings.abstain_threshold, too_little)
+        reason = abstain_reason(top_p, self.settings.abstain_threshold,
+                                says_too_little(text, bool(evidence), self.settings.min_ticket_words))
         abstained = reason is not None
         suggestion = Suggestion(
             id=ticket.id, symptom=symptoms[0][0], symptom_confidence=round(symptoms[0][1], 4),
@@ -415,7 +415,8 @@ class SuggestionEngine:
             root_cause=top_cause, root_cause_name=cause.name, root_cause_dimension=cause.dimension,
             root_cause_confidence=round(top_p, 4),
             root_cause_candidates=[Candidate(id=c, confidence=round(p, 4)) for c, p in causes[:5]],
-            abstained=abstained, abstain_reason=reason, mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
+            abstained=abstained, abstain_reason=reason,
+            mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
             mitigations=mitigations[:4], retry_safe=cause.retry_safe and not abstained, suspect=suspect,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace={"engine": f"pmkb-engine/{__version__}", "taxonomy": self.kb.taxonomy.name,

@@ -91,13 +91,11 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
     bold = (lambda t: f"**{t}**") if gh else (lambda t: f"*{t}*")
     lines = [GITHUB_MARKER if gh else JIRA_MARKER]
     heading = "### " if gh else "h3. "
-    if s.abstain_reason == TOO_LITTLE_TEXT:
+    if s.abstained:
         lines.append(f"{heading}pmkb is not sure about the root cause")
-        lines.append(f"No labels were applied: {TOO_LITTLE_ADVICE}. Candidates so far:")
-        lines += [f"{'1.' if gh else '#'} {code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates]
-    elif s.abstained:
-        lines.append(f"{heading}pmkb is not sure about the root cause")
-        lines.append(f"The best guess is at {s.root_cause_confidence:.0%}, below the confidence threshold, "
+        lines.append(f"No labels were applied: {TOO_LITTLE_ADVICE}. Candidates so far:"
+                     if s.abstain_reason == TOO_LITTLE_TEXT else
+                     f"The best guess is at {s.root_cause_confidence:.0%}, below the confidence threshold, "
                      "so no labels were applied. Candidates:")
         lines += [f"{'1.' if gh else '#'} {code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates]
     else:
