@@ -54,6 +54,15 @@ class Evidence(BaseModel):
     low_gpu_utilisation: str | None = None
     suspect: str | None = None
 
+    @property
+    def points_to(self) -> str:
+        """What the signature points to, for display: its root cause, else its strongest symptom."""
+        if self.category:
+            return self.category
+        if self.symptoms:
+            return "symptom " + max(self.symptoms, key=self.symptoms.get)
+        return "-"
+
 
 def load_signatures(path: Path | str, taxonomy: Taxonomy,
                     low_util: LowUtilTaxonomy | None = None) -> list[Signature]:

@@ -115,7 +115,7 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
     bullet = "-" if gh else "*"
     if s.evidence:
         lines += ["", bold("Evidence")]
-        lines += [f"{bullet} {code(e.signal)}: {code(_clean(e.text, system, 160))} -> {e.category or '-'}: "
+        lines += [f"{bullet} {code(e.signal)}: {code(_clean(e.text, system, 160))} -> {e.points_to}: "
                   f"{_clean(e.explanation, system)}" for e in s.evidence[:6]]
     if s.similar_incidents:
         lines += ["", bold("Similar incidents")]

@@ -251,7 +251,7 @@ def render_card(s) -> str:
                  + (f"   suspect: {', '.join(f'{k} {v}' for k, v in s.suspect.items())}" if s.suspect else ""))
     if s.evidence:
         lines.append("evidence:")
-        lines += [f"  - [{e.signal}] {e.text}  -> {e.category}: {e.explanation}" for e in s.evidence[:6]]
+        lines += [f"  - [{e.signal}] {e.text}  -> {e.points_to}: {e.explanation}" for e in s.evidence[:6]]
     lines.append("mitigations:")
     lines += [f"  {n}. {m.id} ({m.confidence:.0%}): {m.next_step}" for n, m in enumerate(s.mitigations, 1)]
     if s.low_gpu_utilisation:

@@ -71,3 +71,11 @@ def test_bad_signature_file_names_the_signature(tmp_path):
 def test_suspect_node_and_gpu(text, node, gpu):
     suspect = find_suspect(text) or {}
     assert suspect.get("node") == node and suspect.get("gpu") == gpu
+
+
+def test_evidence_says_what_it_points_to():
+    cause = find_evidence("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", SIGNATURES)[0]
+    assert cause.points_to == cause.category == "gpu_lost"
+    symptom_only = [e for e in find_evidence("training hangs after epoch 3", SIGNATURES) if e.category is None]
+    assert symptom_only, "a symptom-only signature should match a plain hang"
+    assert symptom_only[0].points_to == "symptom job_hang"

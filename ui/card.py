@@ -117,8 +117,7 @@ def render_evidence(s: Suggestion) -> None:
         return
     st.markdown("#### Evidence")
     for item in s.evidence[:8]:
-        pointer = f" → **{md(item.category)}**" if item.category else ""
-        st.markdown(f"`{item.signal}`{pointer}: {md(item.explanation)}")
+        st.markdown(f"`{item.signal}` → **{md(item.points_to)}**: {md(item.explanation)}")
         st.caption(f"“{md(item.text)}”")
 
 
