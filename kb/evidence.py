@@ -151,23 +151,46 @@ def evidence_scores(evidence: list[Evidence], ids: list[str], field: str = "caus
     return {k: min(v, cap) for k, v in totals.items()}
 
 
-_NODE = re.compile(
-    r"\b(?:node|host|hostname|server|worker|machine|on)\s*[:=]?\s*[`'\"]?"
-    r"([a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*-?\d+[a-z0-9-]*)", re.I)
-_NODE_NAME = re.compile(r"\b((?:gpu|dgx|node|hgx|compute|worker|cn|gn|a100|h100)[-_]?[a-z0-9]*-?\d+(?:-\d+)*)\b",
-                        re.I)
-_GPU = re.compile(r"\b(?:GPU\s*#?\s*(\d{1,2})\b|gpu(\d{1,2})\b|PCI:?\s*(0000:[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?))", re.I)
-_NOT_NODES = {"on-call", "oncall"}
+_HOST = r"[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*"  # hostname-shaped: a letter first, parts joined by - _ .
+_NODE_BY_KEYWORD = re.compile(  # "nfs: server X not responding" names the file server, not the node
+    rf"\b(?<!nfs: )(?:nodes?|host|hostname|server|machine|worker|vm|instance)\b\s*[:=]?\s*[`'\"]?({_HOST})", re.I)
+_NODE_BY_NAME = re.compile(  # naming schemes common enough to trust without a keyword
+    r"\b((?:gpu|dgx|hgx|node|compute|worker|hpc|cn|gn|ip|aks|gke)[-_]?[a-z0-9]*-?\d+(?:[-_.][a-z0-9]+)*)\b", re.I)
+_NODE_AFTER_ON = re.compile(rf"\bon\s+[`'\"]?({_HOST})", re.I)
+_NOT_NODE = re.compile(r"""^(?:
+    (?:[abhvlkpt]|gh|gb|rtx|mi)\d{2,4}[a-z]*(?:[-_](?:sxm\d*|pcie|nvl|hbm\d*e?|\d+gb?))*  # GPU models
+  | gpu\d{1,2}  # a GPU index on its host
+  | [a-z]\d+[a-z]*\.\d*x?large | standard_\w+ | [a-z]\d-(?:high|mega|ultra)gpu-\w+ | gpu\d\.\d+  # cloud shapes
+  | mlx\d+(?:_\d+)? | ib\d+ | ibp\w+ | eth\d+ | en[opsx]\w+ | bond\d+ | hsn\d+  # network ports
+  | k8s | k3s | (?:cuda|python|slurm|nccl|sm)[-_.]?[\d.]+  # platforms and versions
+  | (?:worker|master|launcher|chief|ps|evaluator|trainer)[-_]\d+ | .+\.svc(?:\.cluster\.local)?  # pods
+  | nvme\d+(?:n\d+)? | sd[a-z]{1,2}\d* | md\d+ | nvidia\d+  # devices on a node
+)$""", re.I | re.X)
+_GPU = re.compile(r"\b(?:GPU\s*#?\s*(\d{1,2})\b(?!\.\d)|gpu(\d{1,2})\b(?!\.\d)"
+                  r"|PCI:?\s*(0000:[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?))", re.I)
+_CAMEL_CASE = re.compile(r"[a-z][A-Z]")  # AssignIPv4Address is an identifier, not a host
+
+
+def _is_node(name: str, after: str) -> bool:
+    return (any(c.isdigit() for c in name) and not _NOT_NODE.match(name) and not _CAMEL_CASE.search(name)
+            and not after.lstrip("-_").startswith(("[", "...")))  # a range (a100-[01-08]) or a truncated id
+
+
+def find_node(text: str) -> str | None:
+    """The node a ticket names: after a word such as "node" or "host", else by a common naming
+    scheme, else after "on". GPU models, instance types, NIC ports, versions and a job's pod
+    replicas (worker-0) are not nodes."""
+    for pattern in (_NODE_BY_KEYWORD, _NODE_BY_NAME, _NODE_AFTER_ON):
+        for match in pattern.finditer(text):
+            name = match.group(1).rstrip(".-_")
+            if _is_node(name, text[match.end(1):match.end(1) + 3]):
+                return name
+    return None
 
 
 def find_suspect(text: str) -> dict[str, str] | None:
     """The node (and GPU) a ticket names, if any: where to exclude or cordon."""
-    node = None
-    for pattern in (_NODE_NAME, _NODE):
-        match = pattern.search(text)
-        if match and match.group(1).lower() not in _NOT_NODES and not match.group(1).isdigit():
-            node = match.group(1)
-            break
+    node = find_node(text)
     gpu_match = _GPU.search(text)
     gpu = next((g for g in gpu_match.groups() if g), None) if gpu_match else None
     if not node and not gpu:

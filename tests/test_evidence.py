@@ -1,5 +1,7 @@
 """Signatures are data: every one is tested on its own examples; loader errors name the signature."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -63,14 +65,13 @@ def test_bad_signature_file_names_the_signature(tmp_path):
         load_signatures(path, TAX, LOW)
 
 
-@pytest.mark.parametrize("text,node,gpu", [
-    ("Xid 79 on node gpu-a17 again", "gpu-a17", None),
-    ("dgx-042: GPU 3 fell off the bus", "dgx-042", "3"),
-    ("nothing to see here", None, None),
-])
-def test_suspect_node_and_gpu(text, node, gpu):
-    suspect = find_suspect(text) or {}
-    assert suspect.get("node") == node and suspect.get("gpu") == gpu
+SUSPECTS = yaml.safe_load((Path(__file__).parent / "data" / "suspects.yaml").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", SUSPECTS, ids=lambda c: c["text"][:40])
+def test_suspect_node_and_gpu(case):
+    suspect = find_suspect(case["text"]) or {}
+    assert (suspect.get("node"), suspect.get("gpu")) == (case["node"], case["gpu"])
 
 
 def test_evidence_says_what_it_points_to():
