@@ -28,6 +28,7 @@ def annotation_record(s: Suggestion) -> dict:
         "abstain_reason": s.abstain_reason,
         "retry_safe": s.retry_safe,
         "suspect": s.suspect,
+        "node_history": s.node_history.model_dump(mode="json") if s.node_history else None,
         "low_gpu_utilisation": [h.id for h in s.low_gpu_utilisation],
         "explanation": s.explanation,
         "trace": s.trace,

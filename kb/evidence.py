@@ -176,16 +176,25 @@ def _is_node(name: str, after: str) -> bool:
             and not after.lstrip("-_").startswith(("[", "...")))  # a range (a100-[01-08]) or a truncated id
 
 
-def find_node(text: str) -> str | None:
-    """The node a ticket names: after a word such as "node" or "host", else by a common naming
-    scheme, else after "on". GPU models, instance types, NIC ports, versions and a job's pod
-    replicas (worker-0) are not nodes."""
+def _node_names(text: str):
+    """Every node name in the text, strongest rule first: after a word such as "node" or "host",
+    by a common naming scheme, after "on". GPU models, instance types, NIC ports, versions and a
+    job's pod replicas (worker-0) are not nodes."""
     for pattern in (_NODE_BY_KEYWORD, _NODE_BY_NAME, _NODE_AFTER_ON):
         for match in pattern.finditer(text):
             name = match.group(1).rstrip(".-_")
             if _is_node(name, text[match.end(1):match.end(1) + 3]):
-                return name
-    return None
+                yield name
+
+
+def find_node(text: str) -> str | None:
+    """The node a ticket names first (see ``_node_names``), or None."""
+    return next(_node_names(text), None)
+
+
+def find_nodes(text: str) -> set[str]:
+    """Every node a text names, in lower case (for matching incidents by node)."""
+    return {name.lower() for name in _node_names(text)}
 
 
 def find_suspect(text: str) -> dict[str, str] | None:

@@ -16,6 +16,7 @@ from kb import __version__
 from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason, says_too_little
 from kb.classify import VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict
 from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
+from kb.history import NodeHistory, node_history, node_index
 from kb.incidents import Incident, trim_middle
 from kb.knowledge import KnowledgeBase
 from kb.mitigate import (LowUtilisationHint, MitigationStep, cause_mitigations, low_utilisation_hints,
@@ -89,6 +90,7 @@ class Suggestion(BaseModel):
     mitigations: list[MitigationStep]
     retry_safe: bool  # would resubmitting (excluding the suspect node) likely clear it?
     suspect: dict[str, str] | None = None  # node / GPU named in the ticket
+    node_history: NodeHistory | None = None  # earlier incidents of this cluster naming the suspect node
     similar_incidents: list[SimilarIncident]
     evidence: list[Evidence]
     low_gpu_utilisation: list[LowUtilisationHint] = Field(default_factory=list)
@@ -173,6 +175,7 @@ class SuggestionEngine:
         self.retriever = retriever or VotingRetriever(kb)
         self._calibration = calibration
         self._corpus_cache: tuple[object, dict] = (None, {})
+        self._nodes: tuple[tuple | None, dict] = (None, {})
 
     @cached_property
     def signatures(self):
@@ -271,6 +274,18 @@ class SuggestionEngine:
     def usual_mitigations(self) -> dict[str, dict[str, float]]:
         """How each root cause's incidents in this knowledge base were mitigated (smoothed)."""
         return self._per_corpus("mitigations", lambda voters: cause_mitigations(self.kb.taxonomy, voters))
+
+    def node_history(self, node: str, exclude: set[str] | None = None) -> NodeHistory | None:
+        """Earlier incidents of the knowledge base, labelled or not, that name ``node``.
+
+        The node index is rebuilt when the store changes, except under a pinned retriever (a
+        batch job), which keeps the one it started with.
+        """
+        key = (self.kb.store.count(), self.kb.generation)
+        kept = getattr(self.retriever, "pinned", False) and self._nodes[0] is not None
+        if not kept and self._nodes[0] != key:
+            self._nodes = (key, node_index(self.kb.store.incidents()))
+        return node_history(self._nodes[1], node, exclude)
 
     def _features(self, text: str, vector: np.ndarray, similar: list[SimilarIncident],
                   evidence: list[Evidence], text_log_proba: dict[str, np.ndarray] | None = None):
@@ -403,6 +418,8 @@ class SuggestionEngine:
         suspect = find_suspect(text) if cause.dimension == "hardware" or any(
             e.suspect for e in evidence) else None
         mitigations = rank_mitigations(self.kb.taxonomy, causes[:5], similar, suspect, self.usual_mitigations())
+        history = (self.node_history(suspect["node"], {ticket.id, *(exclude or ())})
+                   if suspect and suspect.get("node") else None)
         low_util = (low_utilisation_hints(self.low_util, evidence, text)
                     if symptoms[0][0] in LOW_UTIL_SYMPTOMS or any(e.low_gpu_utilisation for e in evidence)
                     else [])
@@ -418,6 +435,7 @@ class SuggestionEngine:
             abstained=abstained, abstain_reason=reason,
             mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
             mitigations=mitigations[:4], retry_safe=cause.retry_safe and not abstained, suspect=suspect,
+            node_history=history,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace={"engine": f"pmkb-engine/{__version__}", "taxonomy": self.kb.taxonomy.name,
                    "embedding_model": self.kb.embedder.model_id,
@@ -444,6 +462,9 @@ def explain(s: Suggestion) -> str:
     if same:
         parts.append(f"{len(same)} of {len(s.similar_incidents)} similar incidents share the cause "
                      f"({', '.join(same[:3])}).")
+    if s.node_history:
+        parts.append(f"{s.node_history.node} appears in {s.node_history.total} earlier "
+                     f"incident{'s' if s.node_history.total > 1 else ''}.")
     if s.retry_safe:
         parts.append("A resubmission" + (f" excluding {s.suspect['node']}" if s.suspect and
                                           s.suspect.get("node") else "") + " will likely clear it.")

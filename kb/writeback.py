@@ -108,6 +108,8 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
     lines.append(f"{bold('Symptom:')} {code(s.symptom)} {s.symptom_confidence:.0%}. "
                  f"{bold('Retry safe:')} {'yes' if s.retry_safe else 'no'}"
                  + (f". {bold('Suspect:')} {suspect}" if suspect else ""))
+    if s.node_history:
+        lines.append(f"{bold('Seen before:')} {_clean(s.node_history.summary(), system, 600)}")
     labels = suggestion_labels(s)
     lines.append(f"{bold('Labels:')} " + (" ".join(code(label) for label in labels) if labels else "none"))
     if s.explanation:

@@ -249,6 +249,8 @@ def render_card(s) -> str:
     lines.append(f"symptom: {s.symptom} {s.symptom_confidence:.0%}")
     lines.append(f"retry safe: {'yes' if s.retry_safe else 'no'}"
                  + (f"   suspect: {', '.join(f'{k} {v}' for k, v in s.suspect.items())}" if s.suspect else ""))
+    if s.node_history:
+        lines.append(f"seen before: {s.node_history.summary()}")
     if s.evidence:
         lines.append("evidence:")
         lines += [f"  - [{e.signal}] {e.text}  -> {e.points_to}: {e.explanation}" for e in s.evidence[:6]]

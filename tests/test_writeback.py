@@ -18,6 +18,7 @@ import pytest
 
 from kb.abstain import TOO_LITTLE_TEXT
 from kb.evidence import Evidence
+from kb.history import NodeHistory, NodeIncident
 from kb.mitigate import MitigationStep
 from kb.search import SimilarIncident
 from kb.settings import Settings
@@ -205,6 +206,15 @@ def test_render_comment_confident_github():
     assert "node_repair" in body and "Drain gpu-12" in body
     assert "confidence threshold" not in body
     assert "confidence threshold" in render_comment(make_suggestion(), threshold_note=True)
+
+
+def test_render_comment_cites_the_node_history():
+    history = NodeHistory(node="gpu-12", total=2, incidents=[
+        NodeIncident(id="INC-7", title="gpu-12 Xid 79", root_cause="gpu_lost"),
+        NodeIncident(id="INC-3", title="gpu-12 ECC", root_cause="gpu_memory_error")])
+    body = render_comment(make_suggestion(node_history=history), threshold_note=False)
+    assert "**Seen before:** gpu-12 appears in 2 earlier incidents: INC-7 (gpu_lost), INC-3" in body
+    assert "Seen before" not in render_comment(make_suggestion(), threshold_note=False)
 
 
 def test_render_comment_for_a_ticket_that_says_too_little_asks_for_more():

@@ -100,6 +100,8 @@ def _safety(s: Suggestion) -> None:
         right.markdown("**Suspect:** " + ", ".join(f"{md(k)} **{md(v)}**" for k, v in s.suspect.items()))
     else:
         right.markdown("**Suspect:** none named")
+    if s.node_history:
+        right.markdown(f"**Seen before:** {md(s.node_history.summary())}")
 
 
 def _mitigations(s: Suggestion, taxonomy: Taxonomy) -> None:
