@@ -60,7 +60,7 @@ def child_throughput(n: int, batch_size: int, work: Path, rounds: int) -> dict:
     from kb.backfill import BackfillOptions, backfill_engine, run_backfill
     from kb.knowledge import KnowledgeBase
     from kb.settings import Settings
-    from kb.suggest import Ticket
+    from kb.suggestion import Ticket
 
     kb = KnowledgeBase(Settings(home=work / "kb", embedding_device="cpu"))
     kb.ensure_built()

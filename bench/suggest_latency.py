@@ -75,7 +75,7 @@ def main() -> None:
     """Build both stores, time the suggestions, print a table."""
     from kb.embedding import SentenceTransformerEmbedder
     from kb.settings import Settings
-    from kb.suggest import Ticket
+    from kb.suggestion import Ticket
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tickets", type=int, default=100)

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kb.suggest import EmptyTicket, Suggestion, SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import EmptyTicket, Suggestion, Ticket
 
 
 def annotation_record(s: Suggestion) -> dict:

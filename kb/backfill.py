@@ -22,8 +22,8 @@ from kb.backfill_state import BackfillError, BackfillState, rewrite_output  # no
 from kb.classify import Calibration
 from kb.incidents import Incident, Provenance
 from kb.knowledge import KnowledgeBase
-from kb.suggest import (EmptyTicket, PreparedTicket, Suggestion, SuggestionEngine, VotingRetriever,
-                        embed_queries)
+from kb.suggest import PreparedTicket, SuggestionEngine, VotingRetriever, embed_queries
+from kb.suggestion import EmptyTicket, Suggestion
 
 WRITE_BACK_TARGETS = ("kb", "github", "jira")
 LLM_MODULE = "kb.llm_suggest"

@@ -17,7 +17,8 @@ import numpy as np
 from kb.classify import expected_calibration_error, neighbour_votes
 from kb.incidents import Incident
 from kb.knowledge import KnowledgeBase
-from kb.suggest import Suggestion, SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Suggestion, Ticket
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb.incidents import Incident, Provenance
 from kb.knowledge import KnowledgeBase, check_labels
 from kb.settings import Settings
-from kb.suggest import Suggestion, Ticket
+from kb.suggestion import Suggestion, Ticket
 
 AUDIT_FILE = "feedback_audit.jsonl"
 """Name of the audit log inside the knowledge-base home."""

@@ -29,7 +29,8 @@ from kb.mitigate import rank_mitigations
 from kb.prompting import (PromptError, cited_ids, injection_markers, load_prompt, neutralise,
                            strip_instruction_lines, trim_around_evidence)
 from kb.redact import redact
-from kb.suggest import Candidate, Suggestion, SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Candidate, Suggestion, Ticket
 
 CAUSE_CHOICES = 5
 """Root-cause candidates offered to the model: the engine's top five."""

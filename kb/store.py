@@ -6,7 +6,6 @@ refuses vectors from another one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 

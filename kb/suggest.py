@@ -10,20 +10,19 @@ from datetime import datetime, timezone
 from functools import cached_property
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb import __version__
-from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason, says_too_little
+from kb.abstain import abstain_reason, says_too_little
 from kb.classify import VOTING_PROVENANCE, Calibration, build_features, fit_weights, predict
 from kb.evidence import Evidence, find_evidence, find_suspect, load_signatures
 from kb.history import NodeHistory, node_history, node_index
 from kb.incidents import Incident, trim_middle
 from kb.knowledge import KnowledgeBase
-from kb.mitigate import (LowUtilisationHint, MitigationStep, cause_mitigations, low_utilisation_hints,
-                         rank_mitigations)
+from kb.mitigate import cause_mitigations, low_utilisation_hints, rank_mitigations
 from kb.prompting import strip_instruction_lines
 from kb.redact import redact
 from kb.search import BM25, DENSE_WEIGHT, Retriever, SimilarIncident, _Corpus, tokenize
+from kb.suggestion import Candidate, EmptyTicket, Suggestion, Ticket, explain
 from kb.taxonomy import load_low_util_taxonomy
 from kb.textclf import (TextClassifier, load_classifiers, out_of_fold_log_proba, save_classifiers,
                         training_fingerprint)
@@ -35,67 +34,6 @@ MAX_TICKET_CHARS = 12_000
 LOW_UTIL_SYMPTOMS = {"job_slowdown"}
 VOTERS = [name for name, weight in VOTING_PROVENANCE.items() if weight > 0]
 """Provenances whose labels vote (unconfirmed machine suggestions do not)."""
-
-
-class EmptyTicket(ValueError):
-    """A ticket with no text to work on."""
-
-
-class Ticket(BaseModel):
-    """A new ticket as it arrives: the only input of a suggestion (labels are never read)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: str = "ticket"
-    title: str = ""
-    description: str = ""
-    log: str = ""  # optional log excerpt pasted by the reporter
-
-    @field_validator("id", mode="before")
-    @classmethod
-    def _id_to_str(cls, value):
-        return str(value)
-
-    def text(self) -> str:
-        """Title, description and log as one text."""
-        return "\n".join(p for p in (self.title, self.description, self.log) if p and p.strip())
-
-
-class Candidate(BaseModel):
-    """A label with its probability."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    confidence: float
-
-
-class Suggestion(BaseModel):
-    """What pmkb suggests for a ticket, with the evidence behind each part."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str  # the ticket's id
-    symptom: str
-    symptom_confidence: float
-    symptom_candidates: list[Candidate]
-    root_cause: str
-    root_cause_name: str
-    root_cause_dimension: str
-    root_cause_confidence: float
-    root_cause_candidates: list[Candidate]  # ranked
-    abstained: bool  # not sure enough to label: see abstain_reason
-    abstain_reason: str | None = None  # LOW_CONFIDENCE or TOO_LITTLE_TEXT when abstained
-    mitigation: str  # first of the ranked mitigations
-    mitigations: list[MitigationStep]
-    retry_safe: bool  # would resubmitting (excluding the suspect node) likely clear it?
-    suspect: dict[str, str] | None = None  # node / GPU named in the ticket
-    node_history: NodeHistory | None = None  # earlier incidents of this cluster naming the suspect node
-    similar_incidents: list[SimilarIncident]
-    evidence: list[Evidence]
-    low_gpu_utilisation: list[LowUtilisationHint] = Field(default_factory=list)
-    explanation: str = ""  # short, human-readable reasoning
-    trace: dict = Field(default_factory=dict)  # engine, model, template and timing details
 
 
 class VotingRetriever(Retriever):
@@ -443,29 +381,3 @@ class SuggestionEngine:
         suggestion.explanation = explain(suggestion)
         suggestion.trace["latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
         return suggestion
-
-
-def explain(s: Suggestion) -> str:
-    """A short paragraph saying why the engine suggests what it does."""
-    parts = []
-    if s.abstain_reason == TOO_LITTLE_TEXT:
-        parts.append(f"Not sure: {TOO_LITTLE_ADVICE} (best guess {s.root_cause} at "
-                     f"{s.root_cause_confidence:.0%}).")
-    elif s.abstained:
-        parts.append(f"Not sure: the best guess is {s.root_cause} at {s.root_cause_confidence:.0%}, "
-                     "below the abstain threshold.")
-    else:
-        parts.append(f"Most likely {s.root_cause} ({s.root_cause_dimension}) at {s.root_cause_confidence:.0%}.")
-    if s.evidence:
-        parts.append("Evidence: " + "; ".join(f"{e.signal} -> {e.category}" for e in s.evidence[:3]) + ".")
-    same = [h.id for h in s.similar_incidents if h.root_cause == s.root_cause]
-    if same:
-        parts.append(f"{len(same)} of {len(s.similar_incidents)} similar incidents share the cause "
-                     f"({', '.join(same[:3])}).")
-    if s.node_history:
-        parts.append(f"{s.node_history.node} appears in {s.node_history.total} earlier "
-                     f"incident{'s' if s.node_history.total > 1 else ''}.")
-    if s.retry_safe:
-        parts.append("A resubmission" + (f" excluding {s.suspect['node']}" if s.suspect and
-                                          s.suspect.get("node") else "") + " will likely clear it.")
-    return " ".join(parts)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.settings import Settings
-from kb.suggest import Suggestion
+from kb.suggestion import Suggestion
 
 GITHUB_MARKER = "<!-- pmkb:suggestion -->"
 """First line of the pmkb comment on GitHub (an HTML comment: invisible when rendered)."""

@@ -275,7 +275,7 @@ def suggest(
 ) -> None:
     """Suggest symptom, root cause, mitigation and similar incidents for one ticket."""
     from kb.llm_suggest import make_suggester
-    from kb.suggest import EmptyTicket, Ticket
+    from kb.suggestion import EmptyTicket, Ticket
 
     text = read_ticket_text(text, file, title)
     suggester = make_suggester(open_engine(llm=check_llm(llm)))
@@ -351,8 +351,6 @@ def eval_cmd(
         typer.echo("")
         typer.echo(format_side_by_side(result, results["with_llm"], engine.settings.llm))
     if kfold > 1:
-        from kb.evaluate import evaluate_kfold
-
         with tqdm(total=len(cases), unit="ticket", desc=f"{kfold}-fold", file=sys.stderr) as bar:
             results["kfold"] = evaluate_kfold(engine.kb, cases, folds=kfold, progress=bar.update)
         typer.echo("")

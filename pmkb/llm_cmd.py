@@ -26,7 +26,7 @@ def chat(
     """Suggest for one ticket, then answer follow-up questions about it (streamed when a model is set)."""
     from kb.chat import answer_followup
     from kb.llm_suggest import make_suggester
-    from kb.suggest import EmptyTicket, Ticket
+    from kb.suggestion import EmptyTicket, Ticket
     from pmkb.cli import check_llm, echo_err, fail, open_engine, read_ticket_text, render_card
 
     text = read_ticket_text(text, file, title)

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from kb.queue import Event, EventQueue, PermanentError, Worker
 from kb.settings import Settings
-from kb.suggest import EmptyTicket, Suggestion, Ticket
+from kb.suggestion import EmptyTicket, Suggestion, Ticket
 from pmkb.ops import BodyLimit, Metrics, TokenBucket, configure_logging
 
 log = logging.getLogger("pmkb.server")

@@ -14,7 +14,8 @@ from kb.evidence import Evidence
 from kb.feedback import AUDIT_FILE
 from kb.knowledge import KnowledgeBase
 from kb.search import Retriever
-from kb.suggest import SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Ticket
 
 from conftest import make_settings
 

@@ -22,7 +22,8 @@ from kb.backfill import (BackfillError, BackfillOptions, BackfillState, backfill
 from kb.classify import Calibration
 from kb.incidents import Provenance
 from kb.knowledge import KnowledgeBase
-from kb.suggest import SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Ticket
 from tests.conftest import ROOT, make_settings
 
 BUNDLED = sorted((ROOT / "data" / "incidents").glob("*.jsonl"))

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from kb.knowledge import KnowledgeBase
-from kb.suggest import SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Ticket
 
 from conftest import make_settings
 

@@ -14,7 +14,8 @@ from kb.knowledge import KnowledgeBase
 from kb.llm import LlamaCppGenerator, OpenAIGenerator, shared_generator
 from kb.prompting import cited_ids
 from kb.settings import Settings
-from kb.suggest import SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Ticket
 
 TICKET = Ticket(id="t-chat", title="Training job died on gpu-n07",
                 log="NVRM: Xid (PCI:0000:4f:00): 79, pid=0, GPU has fallen off the bus.")

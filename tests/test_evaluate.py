@@ -7,7 +7,8 @@ import pytest
 from kb.evaluate import (Case, confusion, evaluate, evaluate_kfold, fill_dimensions, format_report, load_cases,
                          macro_f1, per_class, risk_coverage, score, second_expert)
 from kb.settings import Settings
-from kb.suggest import Candidate, Suggestion, SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Candidate, Suggestion, Ticket
 from kb.taxonomy import load_taxonomy
 from tests.conftest import DEV_INCIDENTS
 

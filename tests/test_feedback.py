@@ -11,7 +11,8 @@ from kb.classify import Calibration
 from kb.feedback import (AUDIT_FILE, FeedbackError, LabelSet, audit_lines, audit_path, incident_id_for,
                          read_audit, save_feedback, ticket_incident)
 from kb.search import Retriever
-from kb.suggest import Suggestion, SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Suggestion, Ticket
 
 from conftest import make_settings
 

@@ -19,7 +19,8 @@ from kb.knowledge import KnowledgeBase
 from kb.llm import LlamaCppGenerator, ResponseCache
 from kb.llm_suggest import LLMSuggester
 from kb.settings import Settings
-from kb.suggest import SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Ticket
 
 SUITE = Path(__file__).parent / "data" / "injection_tickets.jsonl"
 PAIRS = [json.loads(line) for line in SUITE.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -24,7 +24,8 @@ from kb.llm import (LlamaCppGenerator, LLMUnavailable, ResponseCache, make_gener
 from kb.llm_suggest import (ACCEPT_FLOOR, ACCEPT_MARGIN, InvalidAnswer, LLMAnswer, LLMSuggester, answer_schema,
                             combine_choice, make_suggester, parse_answer)
 from kb.settings import Settings
-from kb.suggest import Candidate, SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Candidate, Ticket
 
 XID_TICKET = Ticket(id="t-xid", title="Training job died on gpu-n07 after 3 hours",
                     description="Our 64-GPU run crashed. Kernel log of the node:",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kb.embedding import HashingEmbedder
-from kb.incidents import Incident, Provenance
+from kb.incidents import Incident
 from kb.knowledge import KnowledgeBase
 from kb.store import ChromaStore, StoreModelMismatch
 from tests.conftest import make_settings

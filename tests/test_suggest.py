@@ -3,7 +3,8 @@
 import pytest
 
 from kb.abstain import LOW_CONFIDENCE, TOO_LITTLE_TEXT
-from kb.suggest import EmptyTicket, SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import EmptyTicket, Ticket
 from kb.incidents import Incident
 
 

@@ -22,7 +22,7 @@ from kb.history import NodeHistory, NodeIncident
 from kb.mitigate import MitigationStep
 from kb.search import SimilarIncident
 from kb.settings import Settings
-from kb.suggest import Candidate, Suggestion
+from kb.suggestion import Candidate, Suggestion
 from kb.writeback import (GITHUB_MARKER, JIRA_MARKER, TicketRef, WriteBackError, labels_in_comment,
                           render_comment, suggestion_labels, write_back)
 

@@ -7,7 +7,7 @@ import streamlit as st
 from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason
 from kb.incidents import Incident
 from kb.store import ChromaStore
-from kb.suggest import Suggestion, explain
+from kb.suggestion import Suggestion, explain
 from kb.taxonomy import Taxonomy
 from ui.highlight import escape_markdown as md
 from ui.highlight import safe_link

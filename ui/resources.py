@@ -14,7 +14,8 @@ from kb.knowledge import KnowledgeBase
 from kb.llm_suggest import make_suggester
 from kb.settings import Settings, load_settings
 from kb.store import StoreModelMismatch
-from kb.suggest import SuggestionEngine, Ticket
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Ticket
 from kb.taxonomy import TaxonomyError
 
 THRESHOLD_KEY = "abstain_threshold"
