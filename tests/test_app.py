@@ -175,6 +175,8 @@ def test_feedback_is_saved_audited_and_found_by_the_next_search(writable_home, e
 
     at = submit(at, {**ECC_TICKET, "id": "OPS-4243"})  # the page's own engine finds it too
     assert "OPS\\-4242" in at.expander[1].label
+    assert "**Seen before:** gpu\\-h100\\-0417 appears in 1 earlier incident\\: OPS\\-4242 \\(gpu\\_lost" \
+        in markdown(at)  # the same node, named again
 
 
 def test_a_follow_up_question_gets_the_retrieval_answer_without_a_model(app_home):
