@@ -64,12 +64,14 @@ def _newest_first(incident: Incident) -> tuple[bool, float]:
     return incident.created_at is not None, incident.created_at.timestamp() if incident.created_at else 0.0
 
 
-def node_history(index: dict[str, list[Incident]], node: str, exclude: set[str] | None = None) -> NodeHistory | None:
-    """The earlier incidents naming ``node`` (other than ``exclude``), or None when there are none."""
+def node_history(index: dict[str, list[Incident]], node: str, exclude: set[str] | None = None,
+                 shown: int = SHOWN) -> NodeHistory | None:
+    """The earlier incidents naming ``node`` (other than ``exclude``; the latest ``shown`` of them),
+    or None when there are none."""
     hits = [i for i in index.get(node.lower(), []) if i.id not in (exclude or set())]
     if not hits:
         return None
     hits.sort(key=_newest_first, reverse=True)
     return NodeHistory(node=node, total=len(hits), incidents=[
         NodeIncident(id=i.id, title=i.title, created_at=i.created_at, root_cause=i.root_cause,
-                     mitigation=i.mitigation, provenance=i.provenance.value) for i in hits[:SHOWN]])
+                     mitigation=i.mitigation, provenance=i.provenance.value) for i in hits[:shown]])

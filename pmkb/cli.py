@@ -156,6 +156,31 @@ def search(
 
 
 @app.command()
+def node(
+    name: str = typer.Argument(..., help="The node as tickets name it (gpu-a17, cn125, ip-10-0-3-17 ...)."),
+    limit: int = typer.Option(20, "-n", help="How many incidents to list, newest first."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Earlier incidents of this cluster that name a node (the bundled seed reports never count)."""
+    from kb.history import node_history, node_index
+    from kb.knowledge import dump_json
+
+    history = node_history(node_index(open_kb(build=False).store.incidents()), name, shown=limit)
+    if json_out:
+        typer.echo(dump_json(history.model_dump(mode="json") if history else None))
+        return
+    if history is None:
+        typer.echo(f"no incident in this knowledge base names {name} (bundled seed reports are not counted)")
+        return
+    typer.echo(f"{name}: {history.total} earlier incident{'s' if history.total > 1 else ''}"
+               + (f", the latest {len(history.incidents)}:" if len(history.incidents) < history.total else ":"))
+    for item in history.incidents:
+        when = f"{item.created_at:%Y-%m-%d}" if item.created_at else "undated   "
+        typer.echo(f"  {when}  {item.id}: {item.title}  ({item.root_cause or 'unlabelled'}"
+                   f" -> {item.mitigation or '-'}, {item.provenance})")
+
+
+@app.command()
 def taxonomy(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show the taxonomy in use: symptoms, root causes by dimension, mitigations."""
     from kb.knowledge import dump_json

@@ -43,6 +43,21 @@ def test_partial_failure_exit_code_and_strict(tmp_path):
     assert strict.returncode == 1 and "nothing was written" in strict.stderr
 
 
+def test_node_lists_the_earlier_incidents_naming_it(tmp_path):
+    incidents = tmp_path / "ours.jsonl"
+    incidents.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "OPS-1", "title": "Xid 79 on node gpu-q17", "root_cause": "gpu_lost", "created_at": "2026-02-01"},
+        {"id": "OPS-2", "title": "job hung", "resolution": "gpu-q17 had a bad riser", "root_cause": "gpu_lost",
+         "created_at": "2026-03-01"},
+        {"id": "OPS-3", "title": "Xid 48 on node gpu-q18", "root_cause": "gpu_memory_error"}]))
+    pmkb("ingest", str(incidents), home=tmp_path)
+    history = json.loads(pmkb("node", "gpu-q17", "--json", home=tmp_path).stdout)
+    assert history["total"] == 2 and [i["id"] for i in history["incidents"]] == ["OPS-2", "OPS-1"]
+    listing = pmkb("node", "gpu-q17", "-n", "1", home=tmp_path).stdout
+    assert "2 earlier incidents, the latest 1" in listing and "OPS-2" in listing and "OPS-1" not in listing
+    assert "no incident" in pmkb("node", "gpu-q99", home=tmp_path).stdout
+
+
 def test_search_suggest_and_annotate(tmp_path):
     hits = json.loads(pmkb("search", "NCCL watchdog timeout after InfiniBand port flap", "--json", "-k", "5",
                            home=tmp_path).stdout)
