@@ -84,7 +84,7 @@ def explain(s: Suggestion) -> str:
     else:
         parts.append(f"Most likely {s.root_cause} ({s.root_cause_dimension}) at {s.root_cause_confidence:.0%}.")
     if s.evidence:
-        parts.append("Evidence: " + "; ".join(f"{e.signal} -> {e.category}" for e in s.evidence[:3]) + ".")
+        parts.append("Evidence: " + "; ".join(f"{e.signal} -> {e.points_to}" for e in s.evidence[:3]) + ".")
     same = [h.id for h in s.similar_incidents if h.root_cause == s.root_cause]
     if same:
         parts.append(f"{len(same)} of {len(s.similar_incidents)} similar incidents share the cause "

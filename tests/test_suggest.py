@@ -144,3 +144,9 @@ def test_changed_incidents_or_a_damaged_cache_refit(empty_kb, caplog):
     with caplog.at_level("WARNING"):
         again = SuggestionEngine(kb).suggest(ticket)
     assert "text-classifier cache" in caplog.text and again.root_cause in kb.taxonomy.cause_ids
+
+
+def test_the_explanation_says_what_symptom_only_evidence_points_to(engine):
+    s = engine.suggest(Ticket(title="DDP training hangs after epoch 3",
+                              description="No output for 40 minutes while all eight GPUs sit at 100% utilisation."))
+    assert "phrase_job_hangs -> symptom job_hang" in s.explanation and "-> None" not in s.explanation
