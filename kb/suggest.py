@@ -113,7 +113,6 @@ class SuggestionEngine:
         self.retriever = retriever or VotingRetriever(kb)
         self._calibration = calibration
         self._corpus_cache: tuple[object, dict] = (None, {})
-        self._nodes: tuple[tuple | None, dict] = (None, {})
 
     @cached_property
     def signatures(self):
@@ -214,16 +213,10 @@ class SuggestionEngine:
         return self._per_corpus("mitigations", lambda voters: cause_mitigations(self.kb.taxonomy, voters))
 
     def node_history(self, node: str, exclude: set[str] | None = None) -> NodeHistory | None:
-        """Earlier incidents of the knowledge base, labelled or not, that name ``node``.
-
-        The node index is rebuilt when the store changes, except under a pinned retriever (a
-        batch job), which keeps the one it started with.
-        """
-        key = (self.kb.store.count(), self.kb.generation)
-        kept = getattr(self.retriever, "pinned", False) and self._nodes[0] is not None
-        if not kept and self._nodes[0] != key:
-            self._nodes = (key, node_index(self.kb.store.incidents()))
-        return node_history(self._nodes[1], node, exclude)
+        """Earlier incidents of the knowledge base, labelled or not, that name ``node`` (indexed
+        once per loaded corpus, so a batch job's pinned corpus keeps the index it started with)."""
+        index = self._per_corpus("nodes", lambda _voters: node_index(self.kb.store.incidents()))
+        return node_history(index, node, exclude)
 
     def _features(self, text: str, vector: np.ndarray, similar: list[SimilarIncident],
                   evidence: list[Evidence], text_log_proba: dict[str, np.ndarray] | None = None):
