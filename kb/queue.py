@@ -1,15 +1,22 @@
 """A durable event queue in SQLite (WAL): accepted ticket events survive a crash or restart.
 
 An event is committed before the sender is told it was accepted. The worker claims one event at
-a time, hands it to a handler and records the outcome: done, a retry after an exponential backoff,
-or dead-lettered after ``max_attempts``. A claimed event whose process died is claimed again after
-a restart (``recover``); handlers must therefore be idempotent (write-back updates its own comment).
+a time, hands it to a handler and records the outcome: done, skipped (stale or unchanged), a retry
+after an exponential backoff or the delay the ticket system asked for, or dead-lettered once the
+retry budget is spent. A claimed event whose process died is claimed again after a restart
+(``recover``); handlers must therefore be idempotent (write-back updates its own comment).
+
+Per ticket, the queue remembers the newest version it applied (the ticket's own change time) and
+the hash of that text, so an older event (a retry overtaken by an edit, a replayed delivery) is
+never applied after a newer one. The database holds only what the service gives it (redacted
+text), is readable by its owner alone, and finished events are purged after a retention period.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -19,7 +26,8 @@ from typing import Callable
 
 log = logging.getLogger("pmkb.queue")
 
-STATUSES = ("queued", "claimed", "done", "dead")
+STATUSES = ("queued", "claimed", "done", "skipped", "dead")
+FINISHED = ("done", "skipped")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -37,15 +45,34 @@ CREATE TABLE IF NOT EXISTS events (
     finished_at REAL,
     last_error TEXT,
     result TEXT,
+    version REAL,                     -- when the ticket was changed (epoch s): orders a ticket's events
     UNIQUE (source, delivery)
 );
 CREATE INDEX IF NOT EXISTS events_ready ON events (status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS events_ticket ON events (ticket, status);
+CREATE TABLE IF NOT EXISTS tickets (  -- what was last applied to each ticket; holds no ticket text
+    ticket TEXT PRIMARY KEY,
+    version REAL,
+    content_hash TEXT NOT NULL,
+    applied_at REAL NOT NULL
+);
 """
 
 
 class PermanentError(Exception):
     """A failure that retrying cannot fix (bad token, unknown ticket): the event is dead-lettered at once."""
+
+
+class Skipped(Exception):
+    """The event is not applied (stale or unchanged); the reason is the message."""
+
+
+class RetryLater(Exception):
+    """A failure worth retrying; ``retry_after`` is the delay the other side asked for (seconds), if any."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -64,28 +91,40 @@ class Event:
     last_error: str | None = None
     result: dict | None = None
     finished_at: float | None = None
+    version: float | None = None
 
 
 def _event(row: sqlite3.Row) -> Event:
     return Event(id=row["id"], source=row["source"], delivery=row["delivery"], ticket=row["ticket"],
                  payload=json.loads(row["payload"]), content_hash=row["content_hash"], status=row["status"],
                  attempts=row["attempts"], created_at=row["created_at"], last_error=row["last_error"],
-                 result=json.loads(row["result"]) if row["result"] else None, finished_at=row["finished_at"])
+                 result=json.loads(row["result"]) if row["result"] else None, finished_at=row["finished_at"],
+                 version=row["version"])
 
 
 class EventQueue:
-    """The SQLite-backed queue; safe to use from several threads (one connection per thread)."""
+    """The SQLite-backed queue; safe to use from several threads (one connection per thread).
 
-    def __init__(self, path: Path, max_attempts: int = 5, backoff: float = 2.0, max_backoff: float = 600.0,
-                 clock: Callable[[], float] = time.time):
+    A failed event is retried after ``backoff`` seconds, doubling up to ``max_backoff``, or after
+    the delay the ticket system asked for when that is longer; it is dead-lettered when the next
+    try would fall more than ``retry_budget`` seconds after the event arrived, or after
+    ``max_attempts`` tries.
+    """
+
+    def __init__(self, path: Path, max_attempts: int = 50, backoff: float = 2.0, max_backoff: float = 600.0,
+                 retry_budget: float = 6 * 3600.0, clock: Callable[[], float] = time.time):
         self.path = Path(path)
         self.max_attempts = max_attempts
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.retry_budget = retry_budget
         self.clock = clock
         self._local = threading.local()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._connect().db.executescript(_SCHEMA)
+        create_private_file(self.path)
+        db = self._connect().db
+        db.executescript(_SCHEMA)
+        if "version" not in {row["name"] for row in db.execute("PRAGMA table_info(events)")}:
+            db.execute("ALTER TABLE events ADD COLUMN version REAL")  # a queue from an older release
 
     def _connect(self) -> "_Transaction":
         """This thread's connection, wrapped so that ``with`` runs one IMMEDIATE transaction."""
@@ -100,14 +139,18 @@ class EventQueue:
         return _Transaction(db)
 
     def enqueue(self, source: str, delivery: str, ticket: str, payload: dict,
-                content_hash: str = "") -> tuple[int, bool]:
-        """Store an event; returns (event id, True) or (the existing id, False) for a redelivery."""
+                content_hash: str = "", version: float | None = None) -> tuple[int, bool]:
+        """Store an event; returns (event id, True) or (the existing id, False) for a redelivery.
+
+        ``version`` is when the ticket was changed, as the sender says: it orders the ticket's events.
+        """
         now = self.clock()
         with self._connect() as db:
             cur = db.execute(
-                "INSERT INTO events (source, delivery, ticket, payload, content_hash, next_attempt_at, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (source, delivery) DO NOTHING",
-                (source, delivery, ticket, json.dumps(payload, ensure_ascii=False), content_hash, now, now))
+                "INSERT INTO events (source, delivery, ticket, payload, content_hash, next_attempt_at, created_at,"
+                " version) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (source, delivery) DO NOTHING",
+                (source, delivery, ticket, json.dumps(payload, ensure_ascii=False), content_hash, now, now,
+                 version))
             if cur.rowcount:
                 return cur.lastrowid, True
             row = db.execute("SELECT id FROM events WHERE source = ? AND delivery = ?",
@@ -127,23 +170,39 @@ class EventQueue:
             return _event(db.execute("SELECT * FROM events WHERE id = ?", (row["id"],)).fetchone())
 
     def complete(self, event_id: int, result: dict) -> None:
-        """Record that the event was handled."""
-        with self._connect() as db:
-            db.execute("UPDATE events SET status = 'done', finished_at = ?, result = ?, last_error = NULL "
-                       "WHERE id = ?", (self.clock(), json.dumps(result, ensure_ascii=False), event_id))
-
-    def fail(self, event_id: int, error: str, permanent: bool = False) -> str:
-        """Record a failed attempt: back to the queue after a backoff, or dead; returns the new status."""
+        """Record that the event was applied to its ticket (the ticket's last applied version and text)."""
         now = self.clock()
         with self._connect() as db:
-            row = db.execute("SELECT attempts FROM events WHERE id = ?", (event_id,)).fetchone()
+            db.execute("UPDATE events SET status = 'done', finished_at = ?, result = ?, last_error = NULL "
+                       "WHERE id = ?", (now, json.dumps(result, ensure_ascii=False), event_id))
+            row = db.execute("SELECT ticket, version, content_hash FROM events WHERE id = ?", (event_id,)).fetchone()
+            db.execute("INSERT INTO tickets (ticket, version, content_hash, applied_at) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT (ticket) DO UPDATE SET version = MAX(COALESCE(version, excluded.version), "
+                       "COALESCE(excluded.version, version)), content_hash = excluded.content_hash, "
+                       "applied_at = excluded.applied_at",
+                       (row["ticket"], row["version"], row["content_hash"], now))
+
+    def skip(self, event_id: int, reason: str) -> None:
+        """Record that the event was not applied (stale or unchanged); the ticket's state is untouched."""
+        with self._connect() as db:
+            db.execute("UPDATE events SET status = 'skipped', finished_at = ?, result = ?, last_error = NULL "
+                       "WHERE id = ?", (self.clock(), json.dumps({"skipped": reason}), event_id))
+
+    def fail(self, event_id: int, error: str, permanent: bool = False, retry_after: float | None = None) -> str:
+        """Record a failed attempt: back to the queue after a delay, or dead; returns the new status."""
+        now = self.clock()
+        with self._connect() as db:
+            row = db.execute("SELECT attempts, created_at FROM events WHERE id = ?", (event_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no event {event_id} in {self.path}")
-            if permanent or row["attempts"] >= self.max_attempts:
+            delay = max(min(self.backoff * 2 ** (row["attempts"] - 1), self.max_backoff), retry_after or 0.0)
+            over_budget = now + delay > row["created_at"] + self.retry_budget
+            if permanent or row["attempts"] >= self.max_attempts or over_budget:
+                why = ("" if permanent else f" (retries stopped after {row['attempts']} attempts in "
+                       f"{now - row['created_at']:.0f} s; `pmkb queue retry {event_id}` tries again)")
                 db.execute("UPDATE events SET status = 'dead', finished_at = ?, last_error = ? WHERE id = ?",
-                           (now, error, event_id))
+                           (now, error + why, event_id))
                 return "dead"
-            delay = min(self.backoff * 2 ** (row["attempts"] - 1), self.max_backoff)
             db.execute("UPDATE events SET status = 'queued', next_attempt_at = ?, last_error = ? WHERE id = ?",
                        (now + delay, error, event_id))
             return "queued"
@@ -160,11 +219,25 @@ class EventQueue:
                        (self.clock(), "the process stopped during the last attempt", self.max_attempts))
             return db.execute("UPDATE events SET status = 'queued' WHERE status = 'claimed'").rowcount
 
-    def retry_dead(self) -> int:
-        """Give dead-lettered events a fresh set of attempts (after fixing the cause)."""
+    def retry_dead(self, ids: list[int] | None = None) -> int:
+        """Give dead-lettered events (all, or those with these ids) a fresh set of attempts and budget."""
+        now = self.clock()
+        where, args = _ids_clause(ids)
         with self._connect() as db:
-            return db.execute("UPDATE events SET status = 'queued', attempts = 0, next_attempt_at = ? "
-                              "WHERE status = 'dead'", (self.clock(),)).rowcount
+            return db.execute("UPDATE events SET status = 'queued', attempts = 0, next_attempt_at = ?, "
+                              f"created_at = ? WHERE status = 'dead'{where}", (now, now, *args)).rowcount
+
+    def drop(self, ids: list[int] | None = None, status: str = "dead") -> int:
+        """Delete events in ``status`` (all, or those with these ids); returns how many."""
+        where, args = _ids_clause(ids)
+        with self._connect() as db:
+            return db.execute(f"DELETE FROM events WHERE status = ?{where}", (status, *args)).rowcount
+
+    def purge(self, older_than: float) -> int:
+        """Delete done and skipped events that finished more than ``older_than`` seconds ago."""
+        with self._connect() as db:
+            return db.execute(f"DELETE FROM events WHERE status IN {FINISHED} AND finished_at < ?",
+                              (self.clock() - older_than,)).rowcount
 
     def get(self, event_id: int) -> Event | None:
         """One event by id."""
@@ -180,17 +253,31 @@ class EventQueue:
         return [_event(r) for r in rows]
 
     def last_done_hash(self, ticket: str) -> str | None:
-        """Content hash of the ticket's most recently handled event, to skip unchanged re-sends."""
+        """Content hash of the text last applied to the ticket, to skip unchanged re-sends."""
         with self._connect() as db:
-            row = db.execute("SELECT content_hash FROM events WHERE ticket = ? AND status = 'done' "
-                             "ORDER BY finished_at DESC, id DESC LIMIT 1", (ticket,)).fetchone()
+            row = db.execute("SELECT content_hash FROM tickets WHERE ticket = ?", (ticket,)).fetchone()
         return row["content_hash"] if row else None
 
-    def superseded(self, event: Event) -> bool:
-        """True when a newer event for the same ticket is queued, in hand or done (this one is stale)."""
+    def stale(self, event: Event) -> bool:
+        """True when a newer version of the ticket than this event's was already applied."""
+        if event.version is None:
+            return False
         with self._connect() as db:
-            row = db.execute("SELECT 1 FROM events WHERE ticket = ? AND id > ? AND status IN "
-                             "('queued', 'claimed', 'done') LIMIT 1", (event.ticket, event.id)).fetchone()
+            row = db.execute("SELECT version FROM tickets WHERE ticket = ?", (event.ticket,)).fetchone()
+        return row is not None and row["version"] is not None and row["version"] > event.version
+
+    def superseded(self, event: Event) -> bool:
+        """True when a newer event for the same ticket is queued, in hand or done (this one is stale).
+
+        Newer means a later ticket version when both events carry one, else a later arrival.
+        """
+        version = event.version if event.version is not None else float("-inf")
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT 1 FROM events WHERE ticket = ? AND id != ? AND status IN ('queued', 'claimed', 'done') "
+                "AND (CASE WHEN version IS NULL OR ? IS NULL THEN id > ? "
+                "ELSE version > ? OR (version = ? AND id > ?) END) LIMIT 1",
+                (event.ticket, event.id, event.version, event.id, version, version, event.id)).fetchone()
         return row is not None
 
     def counts(self) -> dict[str, int]:
@@ -208,6 +295,22 @@ class EventQueue:
         return None if row["t"] is None else max(0.0, row["t"] - self.clock())
 
 
+def _ids_clause(ids: list[int] | None) -> tuple[str, list[int]]:
+    if ids is None:
+        return "", []
+    return f" AND id IN ({', '.join('?' * len(ids))})", [int(i) for i in ids]
+
+
+def create_private_file(path: Path) -> None:
+    """Create ``path`` (and its folder) readable and writable by the owner only, or tighten it if it exists.
+
+    SQLite gives its -wal and -shm files the database file's permissions, so they follow.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    os.chmod(path, 0o600)
+
+
 class _Transaction:
     """``with`` block that runs its statements in one IMMEDIATE transaction on a thread's connection."""
 
@@ -220,82 +323,3 @@ class _Transaction:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-
-Handler = Callable[[Event], dict]
-"""Handles one event and returns what it did; raises PermanentError for failures not worth retrying."""
-
-
-class Worker:
-    """A background thread that drains the queue through a handler, with retries and dead-lettering."""
-
-    def __init__(self, queue: EventQueue, handler: Handler, poll: float = 1.0,
-                 on_outcome: Callable[[Event, str, float], None] | None = None):
-        self.queue = queue
-        self.handler = handler
-        self.poll = poll
-        self.on_outcome = on_outcome  # called with (event, "done" | "retry" | "dead", seconds spent)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Recover events left claimed by a previous process and start draining."""
-        recovered = self.queue.recover()
-        if recovered:
-            log.info("recovered claimed events", extra={"recovered": recovered})
-        self._thread = threading.Thread(target=self._run, name="pmkb-worker", daemon=True)
-        self._thread.start()
-
-    def notify(self) -> None:
-        """Wake the worker: a new event was queued."""
-        self._wake.set()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish the event in hand and stop."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        """True while the worker thread runs."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def run_once(self) -> Event | None:
-        """Claim and handle one due event; returns it, or None when nothing was due."""
-        event = self.queue.claim()
-        if event is None:
-            return None
-        started = time.perf_counter()
-        try:
-            result = self.handler(event)
-        except PermanentError as exc:
-            outcome = self.queue.fail(event.id, str(exc), permanent=True)
-        except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
-            outcome = self.queue.fail(event.id, f"{type(exc).__name__}: {exc}")
-        else:
-            self.queue.complete(event.id, result)
-            outcome = "done"
-        outcome = "retry" if outcome == "queued" else outcome
-        elapsed = time.perf_counter() - started
-        log.log(logging.INFO if outcome == "done" else logging.WARNING, "event %s", outcome,
-                extra={"event_id": event.id, "source": event.source, "ticket": event.ticket,
-                       "attempt": event.attempts, "seconds": round(elapsed, 3),
-                       **({} if outcome == "done" else {"error": self.queue.get(event.id).last_error})})
-        if self.on_outcome:
-            self.on_outcome(event, outcome, elapsed)
-        return event
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if self.run_once() is not None:
-                    continue
-                due = self.queue.next_due_in()
-            except sqlite3.Error as exc:  # a locked or busy database: wait and try again
-                log.error("queue error", extra={"error": str(exc)})
-                due = None
-            self._wake.wait(self.poll if due is None else min(due, self.poll))
-            self._wake.clear()

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from kb.queue import EventQueue, PermanentError, Worker
+from kb.queue import EventQueue, PermanentError
+from kb.queue_worker import Worker
 
 
 class Clock:
@@ -38,7 +39,7 @@ def test_database_is_wal_and_redelivery_is_not_queued_twice(tmp_path):
     assert (again, created) == (first, False)
     other_source, created = queue.enqueue("jira", "d-1", "OPS-1", {"ticket": {}})
     assert created and other_source != first
-    assert queue.counts() == {"queued": 2, "claimed": 0, "done": 0, "dead": 0}
+    assert queue.counts() == {"queued": 2, "claimed": 0, "done": 0, "skipped": 0, "dead": 0}
     with sqlite3.connect(queue.path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -71,7 +72,7 @@ def test_failures_back_off_exponentially_then_dead_letter(tmp_path):
     assert queue.claim().attempts == 3
     assert queue.fail(event_id, "HTTP 502 again") == "dead"
     dead = queue.get(event_id)
-    assert dead.status == "dead" and dead.last_error == "HTTP 502 again"
+    assert dead.status == "dead" and dead.last_error.startswith("HTTP 502 again (retries stopped after 3")
     assert queue.claim() is None and queue.next_due_in() is None
     assert queue.retry_dead() == 1 and queue.claim().attempts == 1
 
@@ -174,3 +175,101 @@ def test_worker_wakes_on_notify(tmp_path):
     worker.notify()
     assert seen.wait(5)
     worker.stop()
+
+
+def test_a_skipped_event_does_not_count_as_applied(tmp_path):
+    queue = make_queue(tmp_path)
+    opened = queue.enqueue("github", "d-1", "o/r#1", {}, "same-text", version=10.0)[0]
+    reopened = queue.enqueue("github", "d-2", "o/r#1", {}, "same-text", version=20.0)[0]
+    first = queue.claim()
+    assert first.id == opened and queue.superseded(first)
+    queue.skip(opened, "a newer event for the ticket supersedes this one")
+    assert queue.get(opened).status == "skipped" and queue.last_done_hash("o/r#1") is None
+    assert queue.claim().id == reopened  # same text, but nothing was applied yet: it is handled
+    queue.complete(reopened, {"comment": "created"})
+    assert queue.last_done_hash("o/r#1") == "same-text"
+
+
+def test_an_older_version_is_never_applied_after_a_newer_one(tmp_path):
+    queue = make_queue(tmp_path)
+    edited = queue.enqueue("github", "d-1", "o/r#1", {}, "new-text", version=200.0)[0]
+    replay = queue.enqueue("github", "d-replayed", "o/r#1", {}, "old-text", version=100.0)[0]
+    # A later arrival with an older version does not supersede the newer event...
+    assert not queue.superseded(queue.get(edited)) and queue.superseded(queue.get(replay))
+    queue.claim()
+    queue.complete(edited, {})
+    # ...and once the newer version is applied, the older one is stale.
+    assert queue.stale(queue.get(replay)) and not queue.stale(queue.get(edited))
+    later = queue.enqueue("github", "d-3", "o/r#1", {}, "newest", version=300.0)[0]
+    assert not queue.stale(queue.get(later))
+    unversioned = queue.enqueue("github", "d-4", "o/r#1", {}, "x")[0]
+    assert not queue.stale(queue.get(unversioned))
+
+
+def test_the_ticket_systems_retry_hint_and_the_retry_budget(tmp_path):
+    clock = Clock()
+    queue = make_queue(tmp_path, clock, backoff=2.0, retry_budget=3 * 3600.0)
+    event_id = add(queue, "d-1")
+    queue.claim()
+    assert queue.fail(event_id, "HTTP 403 rate limited", retry_after=1800.0) == "queued"
+    assert queue.next_due_in() == pytest.approx(1800.0)  # the hint, not the 2 s backoff
+    outage = 0.0
+    while queue.get(event_id).status == "queued":  # an outage of hours: retried all along the budget
+        clock.now += queue.next_due_in()
+        outage = clock.now - 1000.0
+        queue.claim()
+        queue.fail(event_id, "HTTP 502")
+    dead = queue.get(event_id)
+    assert 2 * 3600 < outage <= 3 * 3600 and dead.status == "dead"
+    assert "pmkb queue retry" in dead.last_error and dead.attempts > 10
+    assert queue.retry_dead([event_id]) == 1 and queue.claim().attempts == 1
+
+
+def test_a_hint_beyond_the_budget_dead_letters_at_once(tmp_path):
+    queue = make_queue(tmp_path, retry_budget=600.0)
+    event_id = add(queue, "d-1")
+    queue.claim()
+    assert queue.fail(event_id, "HTTP 429", retry_after=3600.0) == "dead"
+
+
+def test_purge_drop_and_retry_by_id(tmp_path):
+    clock = Clock()
+    queue = make_queue(tmp_path, clock)
+    done, skipped, dead, other_dead = (add(queue, f"d-{n}", f"o/r#{n}") for n in range(4))
+    for _ in range(4):
+        queue.claim()
+    queue.complete(done, {})
+    queue.skip(skipped, "unchanged")
+    queue.fail(dead, "HTTP 404", permanent=True)
+    queue.fail(other_dead, "HTTP 404", permanent=True)
+    clock.now += 3600
+    assert queue.purge(older_than=7200) == 0
+    clock.now += 3601
+    assert queue.purge(older_than=7200) == 2
+    assert queue.counts() == {"queued": 0, "claimed": 0, "done": 0, "skipped": 0, "dead": 2}
+    assert queue.last_done_hash("o/r#0") == "h-d-0"  # what was applied is remembered without the text
+    assert queue.retry_dead([other_dead]) == 1 and queue.drop([dead]) == 1
+    assert [e.id for e in queue.events()] == [other_dead] and queue.get(other_dead).status == "queued"
+
+
+def test_the_database_is_private_to_its_owner(tmp_path):
+    queue = make_queue(tmp_path)
+    add(queue, "d-1")
+    files = [p for p in tmp_path.iterdir() if p.name.startswith("queue.sqlite3")]
+    assert {p.name for p in files} >= {"queue.sqlite3", "queue.sqlite3-wal"}
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o600"}
+
+
+def test_a_queue_from_an_older_release_is_upgraded(tmp_path):
+    path = tmp_path / "queue.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL, "
+                   "delivery TEXT NOT NULL, ticket TEXT NOT NULL, payload TEXT NOT NULL, content_hash TEXT NOT NULL "
+                   "DEFAULT '', status TEXT NOT NULL DEFAULT 'queued', attempts INTEGER NOT NULL DEFAULT 0, "
+                   "next_attempt_at REAL NOT NULL, created_at REAL NOT NULL, claimed_at REAL, finished_at REAL, "
+                   "last_error TEXT, result TEXT, UNIQUE (source, delivery))")
+        db.execute("INSERT INTO events (source, delivery, ticket, payload, next_attempt_at, created_at) "
+                   "VALUES ('github', 'old', 'o/r#1', '{}', 0, 0)")
+    queue = EventQueue(path)
+    assert queue.claim().version is None
+    assert queue.enqueue("github", "new", "o/r#1", {}, version=5.0)[1]
