@@ -11,15 +11,23 @@ from pathlib import Path
 from typing import Iterator
 
 from kb.incidents import Incident
+from kb.redact import redact
 
 
 @dataclass
 class IngestError:
-    """A record that could not be read; ingest reports it and goes on."""
+    """A record that could not be read; ingest reports it and goes on.
+
+    The message often quotes the bad record (a snippet, its id, a parser's context line), so it is
+    redacted like the record itself would have been.
+    """
 
     file: str
     where: str  # "line 12", "record 3", "row 7"
     message: str
+
+    def __post_init__(self) -> None:
+        self.message = redact(self.message)
 
     def __str__(self) -> str:
         return f"{self.file}: {self.where}: {self.message}"

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kb.incidents import Incident, trim_middle
+from kb.redact import redact
 
 ALIASES = {
     "id": ("id", "key", "issue_key", "number", "ticket", "ticket_id"),
@@ -66,7 +67,7 @@ def record_to_incident(record: dict, source: str, fallback_id: str | None = None
         fields["id"] = fallback_id
     fields["id"] = str(fields["id"])
     if not (fields.get("title") or fields.get("description")):
-        raise ValueError(f"record {fields['id']!r} has neither a title nor a description")
+        raise ValueError(f"record {redact(fields['id'])!r} has neither a title nor a description")
     for text_field in ("title", "description", "resolution"):
         if text_field in fields:
             fields[text_field] = trim_middle(str(fields[text_field]))
@@ -80,4 +81,4 @@ def record_to_incident(record: dict, source: str, fallback_id: str | None = None
         return Incident(**fields)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"record {fields['id']!r}: {problems}") from None
+        raise ValueError(f"record {redact(fields['id'])!r}: {problems}") from None

@@ -8,6 +8,7 @@ from typing import Iterator
 
 from ingest import IngestError, IngestWarning, Parsed
 from ingest.common import read_text, record_to_incident
+from kb.redact import redact
 
 
 def read_jsonl(path: Path) -> Iterator[Parsed]:
@@ -24,7 +25,8 @@ def read_jsonl(path: Path) -> Iterator[Parsed]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            snippet = line[:60] + ("..." if len(line) > 60 else "")
+            quoted = redact(line)  # before cutting: a secret cut in two would no longer be recognised
+            snippet = quoted[:60] + ("..." if len(quoted) > 60 else "")
             yield IngestError(str(path), f"line {number}", f"malformed JSON ({exc.msg} at column "
                               f"{exc.colno}): {snippet!r}")
             continue

@@ -22,6 +22,7 @@ from kb.backfill_state import BackfillError, BackfillState, rewrite_output  # no
 from kb.classify import Calibration
 from kb.incidents import Incident, Provenance
 from kb.knowledge import KnowledgeBase
+from kb.redact import redact, redact_key
 from kb.suggest import PreparedTicket, SuggestionEngine, VotingRetriever, embed_queries
 from kb.suggestion import EmptyTicket, Suggestion
 
@@ -215,8 +216,9 @@ class Backfill:
 
     def _error(self, stage: str, message: str, record_id: str | None = None, source: str | None = None,
                where: str | None = None) -> None:
-        entry = {"id": record_id, "file": source, "where": where, "stage": stage, "error": message,
-                 "action": ACTIONS[stage]}
+        """List a failed record; what it quotes of the record (id, source, message) is redacted."""
+        entry = {"id": record_id and redact_key(record_id), "file": source and redact(source), "where": where,
+                 "stage": stage, "error": redact(message), "action": ACTIONS[stage]}
         self._errors.write(json.dumps(entry, ensure_ascii=False) + "\n")
         self._errors.flush()
         self.result.failed += 1
@@ -242,7 +244,7 @@ class Backfill:
                 if isinstance(item, IngestError):
                     self._error("input", item.message, source=item.file, where=item.where)
                 else:
-                    self._error("duplicate", f"id {item.id!r} appears more than once in the inputs",
+                    self._error("duplicate", f"id {redact_key(item.id)!r} appears more than once in the inputs",
                                 record_id=item.id, source=item.source)
                 self.progress(1)
                 self._check_errors()
@@ -274,8 +276,9 @@ class Backfill:
                 record.prepared = self.engine.prepare(incident)
                 batch.records.append(record)
             except EmptyTicket as exc:
-                self._error("empty", str(exc), record_id=incident.id, source=incident.source)
-                batch.failed.append(record.row(self.engine_id, error=str(exc)))
+                message = redact(str(exc))
+                self._error("empty", message, record_id=incident.id, source=incident.source)
+                batch.failed.append(record.row(self.engine_id, error=message))
         return batch
 
     def _embed(self, batch: _Batch):
@@ -286,7 +289,7 @@ class Backfill:
         rows, lines = list(batch.failed), []
 
         def fail(stage: str, record: _Record, exc: Exception) -> None:
-            message = f"{type(exc).__name__}: {exc}"
+            message = redact(f"{type(exc).__name__}: {exc}")  # an exception may quote the ticket
             self._error(stage, message, record_id=record.incident.id, source=record.incident.source)
             rows.append(record.row(self.engine_id, error=message))
 
@@ -301,7 +304,7 @@ class Backfill:
         try:
             texts = self.engine.text_log_probas([r.prepared.query for r in batch.records], vectors)
         except Exception as exc:  # noqa: BLE001 - per ticket instead, so only bad records fail
-            self.log(f"warning: batched text classification failed ({exc}); classifying one by one")
+            self.log(f"warning: batched text classification failed ({redact(str(exc))}); classifying one by one")
             texts = [None] * len(vectors)
         for record, vector, dense, text in zip(batch.records, vectors, pools, texts):
             try:
@@ -380,7 +383,7 @@ class Backfill:
             return []
         self.result.written_back += report.written
         for line in report.errors:
-            self.log(f"warning: {line}")
+            self.log(f"warning: {redact(line)}")
         return records
 
 

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from kb.embedding import Embedder, make_embedder
 from kb.incidents import Incident
-from kb.redact import redact
+from kb.redact import redact, redact_key
 from kb.settings import Settings
 from kb.store import ChromaStore, open_store
 from kb.taxonomy import Taxonomy, load_taxonomy
@@ -36,11 +36,18 @@ class AddReport:
 
 
 def redact_incident(incident: Incident) -> Incident:
-    """A copy of the incident with secrets and personal data removed from its text."""
+    """A copy of the incident with secrets and personal data removed from its text and metadata.
+
+    The id is a key (re-ingesting a record updates it in place), so it changes only when it holds a
+    secret, and then always the same way (see ``redact_key``).
+    """
     return incident.model_copy(update={
+        "id": redact_key(incident.id),
         "title": redact(incident.title),
         "description": redact(incident.description),
         "resolution": redact(incident.resolution),
+        "source": redact(incident.source),
+        "tags": [redact(tag) for tag in incident.tags],
     })
 
 
@@ -92,7 +99,7 @@ class KnowledgeBase:
         for incident in incidents:
             problem = check_labels(incident, self.taxonomy)
             if problem:
-                errors.append(problem)
+                errors.append(redact(problem))  # it quotes the record's id and labels
             else:
                 ready.append(redact_incident(incident))
         return ready, errors

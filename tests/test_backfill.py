@@ -328,3 +328,23 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path):
     finally:
         state.close()
     BackfillState(tmp_path / "out.state.sqlite3").close()  # released once the first run ends
+
+
+def test_the_errors_file_quotes_records_redacted(hashing_engine, tmp_path):
+    token = "ghp_" + "Ab1" * 12
+    source = tmp_path / "tickets.jsonl"
+    write_tickets(source, 2)
+    with source.open("a") as sink:
+        sink.write('{"id": "cut-1", "title": "pull with ' + token + ' failed", "description": "password: hunter22!\n')
+        sink.write(json.dumps({"id": "ticket/alice@example.com", "title": " ", "description": " ",
+                               "source": "https://bot:" + token + "@tracker.example.com/4"}) + "\n")
+        sink.write(json.dumps({"id": "old-1", "title": "again from bob@example.com", "description": "dup"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out))
+    assert result.failed == 3
+    listed = sidecar(out, "errors.jsonl").read_text()
+    assert "ghp_" not in listed and "hunter22" not in listed and "alice@example.com" not in listed
+    errors = [json.loads(line) for line in listed.splitlines()]
+    assert {e["stage"] for e in errors} == {"input", "empty", "duplicate"}
+    assert next(e for e in errors if e["stage"] == "empty")["id"].startswith("ticket/[REDACTED:EMAIL]#")
+    assert next(e for e in errors if e["stage"] == "duplicate")["id"] == "old-1"

@@ -155,3 +155,28 @@ def test_unsupported_and_missing_paths(tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     _, errors, _ = _split(read_paths([tmp_path / "x.txt", tmp_path / "nope.jsonl"]))
     assert "unsupported file type .txt" in errors[0].message and "no such file" in errors[1].message
+
+
+TOKEN = "ghp_" + "Ab1" * 12  # a GitHub token shape
+
+
+def test_error_messages_quote_records_redacted(tmp_path):
+    path = tmp_path / "leaky.jsonl"
+    cut = '{"id": "t-1", "title": "pull failed", "description": "tok ' + TOKEN + ' and password: hunter22!'
+    assert cut.index(TOKEN) < 60 < cut.index(TOKEN) + len(TOKEN)  # the snippet would cut the token in two
+    no_text = json.dumps({"id": "dump-alice@example.com", "title": ""})
+    bad_field = json.dumps({"id": "ops@example.com", "title": "x", "provenance": "guess"})
+    path.write_text("\n".join([cut, no_text, bad_field]) + "\n")
+    _, errors, _ = _split(read_paths([path]))
+    assert len(errors) == 3 and "malformed JSON" in errors[0].message
+    text = "\n".join(str(e) for e in errors)
+    assert "ghp_" not in text and "Ab1Ab1" not in text and "hunter22" not in text
+    assert "alice@example.com" not in text and "ops@example.com" not in text
+    assert "tok [R" in errors[0].message and "[REDACTED:EMAIL]" in errors[1].message
+
+
+def test_front_matter_errors_quote_the_file_redacted(tmp_path):
+    (tmp_path / "pm.md").write_text("---\nowner: ops@example.com\npassword: hunter22!: [unclosed\n---\n# x\n")
+    _, errors, _ = _split(read_paths([tmp_path / "pm.md"]))
+    assert len(errors) == 1 and "not valid YAML" in errors[0].message
+    assert "hunter22" not in errors[0].message and "ops@example.com" not in errors[0].message
