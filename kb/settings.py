@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = None
     github_api_url: str = "https://api.github.com"
     github_token: SecretStr | None = None
+    # The login pmkb's GitHub comments are written by ("my-app[bot]" for a GitHub App); unset: asked
+    # of GET /user, and for an App installation token any App's own bot account counts.
+    github_bot_login: str | None = None
     jira_url: str | None = None
     jira_token: SecretStr | None = None
     # Where Jira sends the shared secret: a header (jira_secret_header) or the ?secret= query parameter.

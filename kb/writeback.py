@@ -2,26 +2,28 @@
 
 Idempotent: the comment carries a marker, so a second run (a redelivery, an edited ticket, a
 restart mid-way) finds the comment it posted before and updates it instead of adding another.
-Labels pmkb applied earlier and no longer suggests are removed; labels it never applied are left
-alone. A dry run writes each intended call to an outbox JSONL file instead of calling the API.
+Only a marked comment written by the account behind pmkb's token is pmkb's: anyone can type the
+marker. The comment records, on its last line, the labels pmkb itself added; only those are ever
+removed, so a label a person put on the ticket stays even when it equals one pmkb suggests. A dry
+run writes each intended call to an outbox JSONL file instead of calling the API.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
-from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, model_validator
 
 from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.settings import Settings
 from kb.suggestion import Suggestion
+from kb.ticket_api import TicketRef, WriteBackError, ticket_api
+
+__all__ = ["GITHUB_MARKER", "JIRA_MARKER", "TicketRef", "WriteBackError", "labels_added_by_pmkb",
+           "labels_in_comment", "render_comment", "suggestion_labels", "write_back"]
 
 GITHUB_MARKER = "<!-- pmkb:suggestion -->"
 """First line of the pmkb comment on GitHub (an HTML comment: invisible when rendered)."""
@@ -31,38 +33,9 @@ MARKER_TOKEN = "pmkb:suggestion"
 LABEL_PREFIXES = ("rc:", "dim:", "symptom:")
 _LABELS_LINE = re.compile(r"^\W*Labels:?\W*(.*)$", re.MULTILINE)
 _LABEL = re.compile(r"\b(?:rc|dim|symptom):[A-Za-z0-9_.-]+")
-_GITHUB_KEY = re.compile(r"^([\w.-]+)/([\w.-]+)#(\d+)$")
-_JIRA_KEY = re.compile(r"^[A-Z][A-Z0-9_]*-\d+$")
-
-
-class WriteBackError(RuntimeError):
-    """A call to the ticket system failed; ``retryable`` says whether trying again may help."""
-
-    def __init__(self, message: str, retryable: bool = True):
-        super().__init__(message)
-        self.retryable = retryable
-
-
-class TicketRef(BaseModel):
-    """Which ticket to write to: GitHub "owner/repo#123" or Jira "OPS-12"."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    system: Literal["github", "jira"]
-    key: str
-
-    @model_validator(mode="after")
-    def _check_key(self) -> "TicketRef":
-        pattern = _GITHUB_KEY if self.system == "github" else _JIRA_KEY
-        if not pattern.match(self.key):
-            example = "owner/repo#123" if self.system == "github" else "OPS-12"
-            raise ValueError(f"{self.system} ticket key {self.key!r} is not of the form {example}")
-        return self
-
-    def github_parts(self) -> tuple[str, str, int]:
-        """(owner, repo, issue number) of a GitHub reference."""
-        owner, repo, number = _GITHUB_KEY.match(self.key).groups()
-        return owner, repo, int(number)
+# The record of the labels pmkb added: the comment's last line, which only pmkb writes (ticket text
+# is quoted on lines of its own, never the last one).
+_ADDED_LINE = re.compile(r"^(?:<!-- |\{\{)pmkb:added((?: (?:rc|dim|symptom):[A-Za-z0-9_.-]+)+)(?: -->|\}\})$")
 
 
 def suggestion_labels(s: Suggestion) -> list[str]:
@@ -80,11 +53,13 @@ def _clean(text: str, system: str, width: int = 200) -> str:
     return text.replace("`", "'") if system == "github" else text.replace("{", "(").replace("}", ")")
 
 
-def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "github") -> str:
+def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "github",
+                   added: list[str] | tuple[str, ...] = ()) -> str:
     """The pmkb comment for a ticket: GitHub Markdown, or Jira wiki markup when ``system="jira"``.
 
     ``threshold_note`` adds a closing line explaining that labels are applied only above the
-    confidence threshold.
+    confidence threshold. ``added`` are the labels pmkb itself put on the ticket; a last line
+    records them (hidden on GitHub) for ``labels_added_by_pmkb``.
     """
     s, gh = suggestion, system == "github"
     code = (lambda t: f"`{t}`") if gh else (lambda t: "{{" + t + "}}")
@@ -137,6 +112,8 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
         footer.append("labels are applied only when the top root cause reaches the confidence threshold; "
                       "below it pmkb lists candidates instead")
     lines += ["", f"<sub>{'; '.join(footer)}.</sub>" if gh else "_" + "; ".join(footer) + "._"]
+    if added:
+        lines.append(f"<!-- pmkb:added {' '.join(added)} -->" if gh else "{{pmkb:added " + " ".join(added) + "}}")
     return "\n".join(lines)
 
 
@@ -146,74 +123,11 @@ def labels_in_comment(body: str) -> list[str]:
     return _LABEL.findall(match.group(1)) if match else []
 
 
-class _Api:
-    """A thin REST client for one ticket system: base URL, headers, error mapping."""
-
-    def __init__(self, settings: Settings, ref: TicketRef, client: httpx.Client):
-        self.ref, self.client = ref, client
-        if ref.system == "github":
-            if settings.github_token is None:
-                raise WriteBackError("PMKB_GITHUB_TOKEN is not set: set it, or run with --dry-run", False)
-            self.base = settings.github_api_url.rstrip("/")
-            self.headers = {"Authorization": f"Bearer {settings.github_token.get_secret_value()}",
-                            "Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28"}
-        else:
-            if not settings.jira_url or settings.jira_token is None:
-                raise WriteBackError("PMKB_JIRA_URL and PMKB_JIRA_TOKEN must be set: set them, or run "
-                                     "with --dry-run", False)
-            self.base = settings.jira_url.rstrip("/")
-            token = settings.jira_token.get_secret_value()
-            # Jira Cloud API tokens go with the account e-mail as Basic auth ("me@example.com:token");
-            # Jira Data Center personal access tokens are Bearer tokens.
-            auth = (f"Basic {base64.b64encode(token.encode()).decode()}" if ":" in token
-                    else f"Bearer {token}")
-            self.headers = {"Authorization": auth, "Accept": "application/json",
-                            "Content-Type": "application/json"}
-        self.timeout = settings.writeback_timeout
-
-    def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None,
-             ok_missing: bool = False) -> httpx.Response:
-        """One request; raises WriteBackError (retryable for 5xx, 429, rate limits, network errors)."""
-        try:
-            resp = self.client.request(method, self.base + path, json=body, params=params,
-                                       headers=self.headers, timeout=self.timeout)
-        except httpx.HTTPError as exc:
-            raise WriteBackError(f"{method} {path} for {self.ref.key}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code == 404 and ok_missing:
-            return resp
-        if resp.status_code >= 400:
-            limited = resp.status_code == 429 or (resp.status_code == 403 and
-                                                  resp.headers.get("x-ratelimit-remaining") == "0")
-            raise WriteBackError(f"{method} {path} for {self.ref.key}: HTTP {resp.status_code}: "
-                                 f"{resp.text[:300]}", retryable=limited or resp.status_code >= 500)
-        return resp
-
-
-def _github_comments(api: _Api, owner: str, repo: str, number: int) -> list[dict]:
-    comments, page = [], 1
-    while True:
-        resp = api.call("GET", f"/repos/{owner}/{repo}/issues/{number}/comments",
-                        params={"per_page": 100, "page": page})
-        comments += resp.json()
-        if "next" not in resp.links:
-            return comments
-        page += 1
-
-
-def _jira_comments(api: _Api, key: str) -> list[dict]:
-    comments, start = [], 0
-    while True:
-        data = api.call("GET", f"/rest/api/2/issue/{key}/comment",
-                        params={"startAt": start, "maxResults": 100}).json()
-        batch = data.get("comments") or []
-        comments += batch
-        start += len(batch)
-        if not batch or start >= data.get("total", 0):
-            return comments
-
-
-def _own_comment(comments: list[dict]) -> dict | None:
-    return next((c for c in comments if MARKER_TOKEN in (c.get("body") or "")), None)
+def labels_added_by_pmkb(body: str) -> list[str]:
+    """The labels a pmkb comment records pmkb itself added (from its last line; none if it has no record)."""
+    lines = body.strip().splitlines()
+    match = _ADDED_LINE.match(lines[-1].strip()) if lines else None
+    return match.group(1).split() if match else []
 
 
 def _dry_run(outbox: Path, ref: TicketRef, labels: list[str], body: str) -> dict:
@@ -245,46 +159,35 @@ def write_back(settings: Settings, ref: TicketRef, suggestion: Suggestion, outbo
     """Label the ticket and create or update the one pmkb comment; returns what was done.
 
     ``outbox`` (or ``settings.writeback_outbox``) makes it a dry run that only records the calls.
+    Raises WriteBackError when a call fails (see its ``retryable`` and ``retry_after``).
     """
     labels = suggestion_labels(suggestion)
-    body = render_comment(suggestion, threshold_note=True, system=ref.system)
     outbox = outbox or settings.writeback_outbox
     if outbox is not None:
-        return _dry_run(Path(outbox), ref, labels, body)
+        return _dry_run(Path(outbox), ref, labels, render_comment(suggestion, threshold_note=True, system=ref.system))
     own_client = client is None
     client = client or httpx.Client()
     try:
-        api = _Api(settings, ref, client)
-        if ref.system == "github":
-            owner, repo, number = ref.github_parts()
-            existing = _own_comment(_github_comments(api, owner, repo, number))
-        else:
-            existing = _own_comment(_jira_comments(api, ref.key))
-        removed = [x for x in labels_in_comment(existing["body"]) if x not in labels] if existing else []
-        if ref.system == "github":
-            issue = f"/repos/{owner}/{repo}/issues/{number}"
-            if labels:
-                api.call("POST", f"{issue}/labels", {"labels": labels})
-            for label in removed:
-                api.call("DELETE", f"{issue}/labels/{quote(label, safe='')}", ok_missing=True)
-            comment_path = f"/repos/{owner}/{repo}/issues/comments/{existing['id']}" if existing else None
-            update_method, create_path = "PATCH", f"{issue}/comments"
-        else:
-            issue = f"/rest/api/2/issue/{ref.key}"
-            ops = [{"add": x} for x in labels] + [{"remove": x} for x in removed]
-            if ops:
-                api.call("PUT", issue, {"update": {"labels": ops}})
-            comment_path = f"{issue}/comment/{existing['id']}" if existing else None
-            update_method, create_path = "PUT", f"{issue}/comment"
+        api = ticket_api(settings, ref, client)
+        me = api.identity()
+        existing = next((c for c in api.comments() if MARKER_TOKEN in (c.get("body") or "") and me.owns(c)), None)
+        on_ticket = api.labels()
+        ours = labels_added_by_pmkb(existing["body"]) if existing else []
+        # A suggested label already on the ticket and not recorded as pmkb's was put there by a person.
+        add = [x for x in labels if x not in on_ticket]
+        removed = [x for x in ours if x in on_ticket and x not in labels]
+        api.change_labels(add, removed)
+        body = render_comment(suggestion, threshold_note=True, system=ref.system,
+                              added=[x for x in labels if x in add or x in ours])
         if existing and existing.get("body") == body:
             outcome, comment_id = "unchanged", existing["id"]
         elif existing:
-            api.call(update_method, comment_path, {"body": body})
+            api.update_comment(existing["id"], body)
             outcome, comment_id = "updated", existing["id"]
         else:
-            outcome, comment_id = "created", api.call("POST", create_path, {"body": body}).json().get("id")
+            outcome, comment_id = "created", api.create_comment(body)
     finally:
         if own_client:
             client.close()
-    return {"system": ref.system, "ticket": ref.key, "dry_run": False, "labels_added": labels,
+    return {"system": ref.system, "ticket": ref.key, "dry_run": False, "labels_added": add,
             "labels_removed": removed, "comment": outcome, "comment_id": comment_id}

@@ -1,21 +1,17 @@
 """Write-back to GitHub and Jira: comment rendering, labels, idempotent comment upsert, dry run.
 
-``FakeTicketApi`` is a real HTTP server on 127.0.0.1 that implements the few GitHub and Jira REST
-endpoints pmkb uses, keeps issues' comments and labels in memory and records every request.
+The tests run against ``FakeTicketApi`` (tests/fake_ticket_api.py), a real HTTP server with the
+GitHub and Jira endpoints pmkb uses; it is imported from here by other test modules too.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 import pytest
 
+from fake_ticket_api import FakeTicketApi, api_settings
 from kb.abstain import TOO_LITTLE_TEXT
 from kb.evidence import Evidence
 from kb.history import NodeHistory, NodeIncident
@@ -23,148 +19,10 @@ from kb.mitigate import MitigationStep
 from kb.search import SimilarIncident
 from kb.settings import Settings
 from kb.suggestion import Candidate, Suggestion
-from kb.writeback import (GITHUB_MARKER, JIRA_MARKER, TicketRef, WriteBackError, labels_in_comment,
-                          render_comment, suggestion_labels, write_back)
+from kb.writeback import (GITHUB_MARKER, JIRA_MARKER, TicketRef, WriteBackError, labels_added_by_pmkb,
+                          labels_in_comment, render_comment, suggestion_labels, write_back)
 
-_GH_COMMENTS = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)/comments$")
-_GH_COMMENT = re.compile(r"^/repos/([^/]+/[^/]+)/issues/comments/(\d+)$")
-_GH_LABELS = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)/labels(?:/(.+))?$")
-_JIRA_ISSUE = re.compile(r"^/rest/api/2/issue/([A-Z][A-Z0-9_]*-\d+)(/comment(?:/(\d+))?)?$")
-
-
-class FakeTicketApi:
-    """GitHub and Jira REST endpoints in memory, on a free loopback port; records every request."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.comments: dict[str, list[dict]] = {}  # "o/r#1" or "OPS-1" -> [{"id", "body"}]
-        self.labels: dict[str, list[str]] = {}
-        self.missing: set[str] = set()  # tickets that answer 404
-        self.fail_next = 0  # answer this many requests with 502
-        self.stall_after_create = 0.0  # seconds to wait after storing a new comment, before answering
-        self._next_id = 1000
-        self._lock = threading.Lock()
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _handle(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                url = urlsplit(self.path)
-                record = {"method": self.command, "path": url.path, "query": parse_qs(url.query),
-                          "headers": {k.lower(): v for k, v in self.headers.items()},
-                          "json": json.loads(raw) if raw else None, "at": time.time()}
-                with api._lock:
-                    api.requests.append(record)
-                status, body, headers = api.route(record)
-                data = b"" if body is None else json.dumps(body).encode()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                try:
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up waiting (the stalled-answer tests): nothing to answer
-
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> "FakeTicketApi":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _new_comment(self, key: str, body: str, jira: bool) -> dict:
-        with self._lock:
-            self._next_id += 1
-            comment = {"id": str(self._next_id) if jira else self._next_id, "body": body}
-            self.comments.setdefault(key, []).append(comment)
-        if self.stall_after_create:
-            time.sleep(self.stall_after_create)
-        return comment
-
-    def _find(self, comment_id: str) -> dict | None:
-        return next((c for cs in self.comments.values() for c in cs if str(c["id"]) == comment_id), None)
-
-    def route(self, r: dict) -> tuple[int, object, dict]:
-        """Status, JSON body and headers for one recorded request."""
-        with self._lock:
-            if self.fail_next:
-                self.fail_next -= 1
-                return 502, {"message": "bad gateway"}, {}
-        if not r["headers"].get("authorization", "").startswith(("Bearer ", "Basic ")):
-            return 401, {"message": "Requires authentication"}, {}
-        method, path, body = r["method"], r["path"], r["json"]
-        if m := _GH_COMMENTS.match(path):
-            key = f"{m[1]}#{m[2]}"
-            if key in self.missing:
-                return 404, {"message": "Not Found"}, {}
-            if method == "POST":
-                return 201, self._new_comment(key, body["body"], jira=False), {}
-            per_page, page = int(r["query"]["per_page"][0]), int(r["query"].get("page", ["1"])[0])
-            items = self.comments.get(key, [])
-            chunk = items[(page - 1) * per_page: page * per_page]
-            more = page * per_page < len(items)
-            link = {"Link": f'<{self.url}{path}?per_page={per_page}&page={page + 1}>; rel="next"'} if more else {}
-            return 200, chunk, link
-        if (m := _GH_COMMENT.match(path)) and method == "PATCH":
-            comment = self._find(m[2])
-            if comment is None:
-                return 404, {"message": "Not Found"}, {}
-            comment["body"] = body["body"]
-            return 200, comment, {}
-        if m := _GH_LABELS.match(path):
-            key = f"{m[1]}#{m[2]}"
-            labels = self.labels.setdefault(key, [])
-            if method == "POST":
-                labels += [x for x in body["labels"] if x not in labels]
-                return 200, [{"name": x} for x in labels], {}
-            if method == "DELETE":
-                name = unquote(m[3])
-                if name not in labels:
-                    return 404, {"message": "Label does not exist"}, {}
-                labels.remove(name)
-                return 200, [{"name": x} for x in labels], {}
-        if m := _JIRA_ISSUE.match(path):
-            key, comment_part, comment_id = m[1], m[2], m[3]
-            if key in self.missing:
-                return 404, {"errorMessages": ["Issue does not exist"]}, {}
-            if comment_id and method == "PUT":
-                comment = self._find(comment_id)
-                comment["body"] = body["body"]
-                return 200, comment, {}
-            if comment_part and method == "POST":
-                return 201, self._new_comment(key, body["body"], jira=True), {}
-            if comment_part and method == "GET":
-                start, size = int(r["query"]["startAt"][0]), int(r["query"]["maxResults"][0])
-                items = self.comments.get(key, [])
-                return 200, {"startAt": start, "maxResults": size, "total": len(items),
-                             "comments": items[start:start + size]}, {}
-            if not comment_part and method == "PUT":
-                labels = self.labels.setdefault(key, [])
-                for op in body["update"]["labels"]:
-                    if "add" in op and op["add"] not in labels:
-                        labels.append(op["add"])
-                    if "remove" in op and op["remove"] in labels:
-                        labels.remove(op["remove"])
-                return 204, None, {}
-        return 404, {"message": f"no route {method} {path}"}, {}
-
-    def writes(self) -> list[dict]:
-        """Recorded requests other than GETs."""
-        return [r for r in self.requests if r["method"] != "GET"]
+__all__ = ["FakeTicketApi", "api_settings", "make_suggestion"]
 
 
 def make_suggestion(root_cause="gpu_memory_error", dimension="hardware", abstained=False,
@@ -192,12 +50,6 @@ def make_suggestion(root_cause="gpu_memory_error", dimension="hardware", abstain
         explanation="Most likely GPU memory.", trace={"engine": "pmkb-engine/test"})
     fields.update(kw)
     return Suggestion(**fields)
-
-
-def api_settings(tmp_path, api: FakeTicketApi, **kw) -> Settings:
-    """Settings that point write-back at the fake API."""
-    return Settings(home=tmp_path, github_api_url=api.url, github_token="gh-token", jira_url=api.url,
-                    jira_token="jira-token", **kw)
 
 
 def test_render_comment_confident_github():
@@ -265,19 +117,26 @@ def test_github_write_back_then_update_without_second_comment(tmp_path):
         assert first["comment"] == "created" and first["labels_added"] == [
             "rc:gpu_memory_error", "dim:hardware", "symptom:job_crash"]
         calls = [(r["method"], r["path"]) for r in api.requests]
-        assert calls == [("GET", "/repos/octo/ops/issues/7/comments"), ("POST", "/repos/octo/ops/issues/7/labels"),
+        assert calls == [("GET", "/user"), ("GET", "/repos/octo/ops/issues/7/comments"),
+                         ("GET", "/repos/octo/ops/issues/7"), ("POST", "/repos/octo/ops/issues/7/labels"),
                          ("POST", "/repos/octo/ops/issues/7/comments")]
         for r in api.requests:
             assert r["headers"]["authorization"] == "Bearer gh-token"
             assert r["headers"]["accept"] == "application/vnd.github+json"
             assert r["headers"]["x-github-api-version"] == "2022-11-28"
-        assert api.requests[1]["json"] == {"labels": first["labels_added"]}
-        assert api.requests[2]["json"]["body"].startswith(GITHUB_MARKER)
+        assert api.requests[3]["json"] == {"labels": first["labels_added"]}
+        posted = api.requests[4]["json"]["body"]
+        assert posted.startswith(GITHUB_MARKER) and labels_added_by_pmkb(posted) == first["labels_added"]
+        assert posted.splitlines()[-1] == "<!-- pmkb:added rc:gpu_memory_error dim:hardware symptom:job_crash -->"
 
         api.requests.clear()
         second = write_back(settings, ref, make_suggestion(root_cause="buggy_code", dimension="user"))
         assert second["comment"] == "updated" and second["comment_id"] == first["comment_id"]
         assert second["labels_removed"] == ["rc:gpu_memory_error", "dim:hardware"]
+        assert second["labels_added"] == ["rc:buggy_code", "dim:user"]  # symptom:job_crash is on already
+        assert ("GET", "/user") not in [(r["method"], r["path"]) for r in api.requests]  # asked once per token
+        assert labels_added_by_pmkb(api.comments["octo/ops#7"][0]["body"]) == [
+            "rc:buggy_code", "dim:user", "symptom:job_crash"]
         assert [(r["method"], r["path"]) for r in api.writes()] == [
             ("POST", "/repos/octo/ops/issues/7/labels"),
             ("DELETE", "/repos/octo/ops/issues/7/labels/rc%3Agpu_memory_error"),
@@ -309,11 +168,13 @@ def test_github_abstained_posts_comment_without_labels_and_drops_its_old_labels(
 def test_github_finds_its_comment_on_a_later_page(tmp_path):
     ref = TicketRef(system="github", key="octo/ops#9")
     with FakeTicketApi() as api:
-        api.comments["octo/ops#9"] = [{"id": i, "body": f"human comment {i}"} for i in range(1, 121)]
-        api.comments["octo/ops#9"].insert(110, {"id": 500, "body": GITHUB_MARKER + "\nold"})
+        api.comments["octo/ops#9"] = [{"id": i, "body": f"human comment {i}", "user": {"login": "alice"}}
+                                      for i in range(1, 121)]
+        api.comments["octo/ops#9"].insert(110, {"id": 500, "body": GITHUB_MARKER + "\nold",
+                                                "user": {"login": "pmkb-bot"}})
         result = write_back(api_settings(tmp_path, api), ref, make_suggestion())
         assert result["comment"] == "updated" and result["comment_id"] == 500
-        assert [r["query"]["page"] for r in api.requests if r["method"] == "GET"] == [["1"], ["2"]]
+        assert [r["query"]["page"] for r in api.requests if r["path"].endswith("/comments")] == [["1"], ["2"]]
         assert len(api.comments["octo/ops#9"]) == 121
 
 
@@ -323,15 +184,19 @@ def test_jira_write_back_and_update(tmp_path):
         settings = api_settings(tmp_path, api)
         first = write_back(settings, ref, make_suggestion())
         assert [(r["method"], r["path"]) for r in api.requests] == [
-            ("GET", "/rest/api/2/issue/OPS-12/comment"), ("PUT", "/rest/api/2/issue/OPS-12"),
+            ("GET", "/rest/api/2/myself"), ("GET", "/rest/api/2/issue/OPS-12/comment"),
+            ("GET", "/rest/api/2/issue/OPS-12"), ("PUT", "/rest/api/2/issue/OPS-12"),
             ("POST", "/rest/api/2/issue/OPS-12/comment")]
-        assert api.requests[1]["json"] == {"update": {"labels": [
+        assert api.requests[2]["query"] == {"fields": ["labels"]}
+        assert api.requests[3]["json"] == {"update": {"labels": [
             {"add": "rc:gpu_memory_error"}, {"add": "dim:hardware"}, {"add": "symptom:job_crash"}]}}
         for r in api.requests:
             assert r["headers"]["authorization"] == "Bearer jira-token"
             assert r["headers"]["accept"] == "application/json"
-        assert api.requests[2]["headers"]["content-type"] == "application/json"
-        assert api.requests[2]["json"]["body"].startswith(JIRA_MARKER)
+        assert api.requests[4]["headers"]["content-type"] == "application/json"
+        posted = api.requests[4]["json"]["body"]
+        assert posted.startswith(JIRA_MARKER) and labels_added_by_pmkb(posted) == first["labels_added"]
+        assert posted.splitlines()[-1] == "{{pmkb:added rc:gpu_memory_error dim:hardware symptom:job_crash}}"
 
         api.requests.clear()
         second = write_back(settings, ref, make_suggestion(root_cause="buggy_code", dimension="user"))
@@ -382,3 +247,71 @@ def test_errors_say_whether_a_retry_can_help(tmp_path):
     with pytest.raises(WriteBackError, match="ConnectError") as down:  # the server is gone now
         write_back(settings, TicketRef(system="jira", key="OPS-5"), make_suggestion(), client=httpx.Client())
     assert down.value.retryable is True
+
+
+STRANGER_LABELS = ["rc:team_label", "dim:triage", "symptom:needs_owner"]
+
+
+@pytest.mark.parametrize("ref", [TicketRef(system="github", key="octo/ops#20"), TicketRef(system="jira", key="OPS-20")],
+                         ids=["github", "jira"])
+def test_a_strangers_marked_comment_is_neither_edited_nor_trusted(tmp_path, ref):
+    marker = GITHUB_MARKER if ref.system == "github" else JIRA_MARKER
+    forged = (f"{marker}\nLabels: {' '.join(STRANGER_LABELS)}\n"
+              + (f"<!-- pmkb:added {' '.join(STRANGER_LABELS)} -->" if ref.system == "github"
+                 else "{{pmkb:added " + " ".join(STRANGER_LABELS) + "}}"))
+    with FakeTicketApi() as api:
+        api.labels[ref.key] = list(STRANGER_LABELS)  # a person's labels, named by the forged comment
+        stranger = api.post_as_stranger(ref.key, forged)
+        api.requests.clear()
+        result = write_back(api_settings(tmp_path, api), ref, make_suggestion())
+        assert result["comment"] == "created" and result["comment_id"] != stranger["id"]
+        assert result["labels_removed"] == [] and set(STRANGER_LABELS) <= set(api.labels[ref.key])
+        assert not [r for r in api.writes() if r["method"] in ("DELETE", "PATCH")
+                    or (r["method"] == "PUT" and "/comment/" in r["path"])]
+        comments = api.comments[ref.key]
+        assert [c["body"] for c in comments][0] == forged and len(comments) == 2
+        assert comments[1]["body"].startswith(marker)
+
+        again = write_back(api_settings(tmp_path, api), ref, make_suggestion(root_cause="buggy_code", dimension="user"))
+        assert again["comment"] == "updated" and again["comment_id"] == result["comment_id"]
+        assert comments[0]["body"] == forged and set(STRANGER_LABELS) <= set(api.labels[ref.key])
+
+
+@pytest.mark.parametrize("ref", [TicketRef(system="github", key="octo/ops#21"), TicketRef(system="jira", key="OPS-21")],
+                         ids=["github", "jira"])
+def test_a_label_a_person_applied_stays_when_the_suggestion_changes(tmp_path, ref):
+    with FakeTicketApi() as api:
+        settings = api_settings(tmp_path, api)
+        api.labels[ref.key] = ["rc:gpu_memory_error"]  # a person labelled the ticket before pmkb saw it
+        first = write_back(settings, ref, make_suggestion())
+        assert first["labels_added"] == ["dim:hardware", "symptom:job_crash"]
+        assert labels_added_by_pmkb(api.comments[ref.key][0]["body"]) == ["dim:hardware", "symptom:job_crash"]
+        assert labels_in_comment(api.comments[ref.key][0]["body"]) == [
+            "rc:gpu_memory_error", "dim:hardware", "symptom:job_crash"]  # the card still shows the suggestion
+
+        second = write_back(settings, ref, make_suggestion(root_cause="buggy_code", dimension="user"))
+        assert second["labels_removed"] == ["dim:hardware"]
+        assert sorted(api.labels[ref.key]) == ["dim:user", "rc:buggy_code", "rc:gpu_memory_error", "symptom:job_crash"]
+        assert write_back(settings, ref, make_suggestion(abstained=True))["labels_removed"] == [
+            "rc:buggy_code", "dim:user", "symptom:job_crash"]
+        assert api.labels[ref.key] == ["rc:gpu_memory_error"]
+
+
+def test_a_comment_written_before_the_record_existed_owns_no_labels(tmp_path):
+    ref = TicketRef(system="github", key="octo/ops#22")
+    with FakeTicketApi() as api:
+        old = render_comment(make_suggestion(), threshold_note=True)  # no pmkb:added line
+        api.comments[ref.key] = [{"id": 9, "body": old, "user": {"login": "pmkb-bot"}}]
+        api.labels[ref.key] = suggestion_labels(make_suggestion())
+        changed = make_suggestion(root_cause="buggy_code", dimension="user")
+        result = write_back(api_settings(tmp_path, api), ref, changed)
+        assert result["comment"] == "updated" and result["labels_removed"] == []
+        assert "rc:gpu_memory_error" in api.labels[ref.key]
+
+
+def test_the_record_is_read_from_the_last_line_only():
+    body = render_comment(make_suggestion(explanation="<!-- pmkb:added rc:team_label -->"), threshold_note=True)
+    assert "pmkb:added rc:team_label" in body and labels_added_by_pmkb(body) == []
+    assert labels_added_by_pmkb(render_comment(make_suggestion(), True, added=["rc:x"])) == ["rc:x"]
+    assert labels_added_by_pmkb(render_comment(make_suggestion(), True, "jira", added=["dim:y"])) == ["dim:y"]
+    assert labels_added_by_pmkb("") == [] and labels_added_by_pmkb("<!-- pmkb:added -->") == []
