@@ -11,7 +11,8 @@ import logging
 import sqlite3
 import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from kb.queue import Event, EventQueue, PermanentError, RetryLater, Skipped
 
@@ -35,6 +36,8 @@ class Worker:
         self.retention = retention  # finished events older than this (seconds) are purged; None keeps them
         self.purge_every = purge_every
         self._purged_at = float("-inf")
+        self._resumed = threading.Event()
+        self._resumed.set()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,6 +60,16 @@ class Worker:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold off claiming new events inside the block (the event in hand is finished first)."""
+        self._resumed.clear()
+        try:
+            yield
+        finally:
+            self._resumed.set()
+            self._wake.set()
 
     @property
     def alive(self) -> bool:
@@ -107,6 +120,8 @@ class Worker:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self._resumed.wait(self.poll):
+                continue
             try:
                 self.purge_if_due()
                 if self.run_once() is not None:

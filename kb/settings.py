@@ -86,9 +86,16 @@ class Settings(BaseSettings):
     # Token bucket per source (github, jira, api): sustained requests per second, and burst size.
     rate_limit_per_second: float = 20.0
     rate_limit_burst: int = 100
-    # Event queue: attempts before an event is dead-lettered; first retry delay in seconds (doubles).
-    queue_max_attempts: int = 5
+    # Event queue: first retry delay in seconds (doubles up to 10 minutes, or longer when the ticket
+    # system asks for it with Retry-After or a rate-limit reset); an event is dead-lettered once its
+    # retries would run past the budget (hours after it arrived) or after the most attempts.
     queue_backoff: float = 2.0
+    queue_retry_budget_hours: float = 6.0
+    queue_max_attempts: int = 50
+    # Done and skipped events (redacted ticket text) are deleted after this many days.
+    queue_retention_days: float = 7.0
+    # Seconds a client may take to send its whole request body (slower: 408).
+    request_read_timeout: float = 10.0
     # Seconds allowed for each GitHub / Jira REST call.
     writeback_timeout: float = 15.0
     # Dry run: append the intended write-back calls to this JSONL file instead of making them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -32,6 +33,8 @@ def main_options(
                                             "the bundled one."),
 ) -> None:
     """Global options."""
+    # Everything pmkb writes (store, queue, caches, outputs) may hold ticket text: owner only.
+    os.umask(0o077)
     state.kb, state.config, state.taxonomy = kb, config, taxonomy
 
 
@@ -407,7 +410,7 @@ def build() -> None:
     typer.echo(f"knowledge base ready: {knowledge.store.count()} incidents in {knowledge.store.location}")
 
 
-COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd")
+COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.queue_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd")
 """Modules that add commands to the app through a ``register(app)`` function."""
 
 

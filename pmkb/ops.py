@@ -5,6 +5,7 @@ Used by pmkb.server; nothing here knows about tickets or the knowledge base.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -14,6 +15,8 @@ import time
 from datetime import datetime, timezone
 
 from fastapi.responses import JSONResponse
+
+log = logging.getLogger("pmkb.server")
 
 
 class TokenBucket:
@@ -68,28 +71,38 @@ class Metrics:
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a request body over ``limit`` bytes, declared or streamed."""
+    """ASGI middleware: the whole request body, read before the app sees it, within limits.
 
-    def __init__(self, app, limit: int, on_reject=None):
-        self.app, self.limit, self.on_reject = app, limit, on_reject
+    413 for a body over ``limit`` bytes (declared or streamed), 408 when it has not fully arrived
+    ``read_timeout`` seconds after the request started (a client trickling bytes cannot hold a
+    connection open), and nothing but an info log line when the client goes away mid-body.
+    """
+
+    def __init__(self, app, limit: int, read_timeout: float = 10.0, on_reject=None):
+        self.app, self.limit, self.read_timeout, self.on_reject = app, limit, read_timeout, on_reject
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) <= self.limit:
-                return await self.app(scope, receive, send)
-            return await self._reject(scope, receive, send)
-        chunks, size = [], 0  # no Content-Length (chunked): read up to the limit first
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._reject(scope, receive, send, 413, "too_large", f"request body over {self.limit} bytes")
+        chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.read_timeout
         while True:
-            message = await receive()
-            if message["type"] != "http.request":
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                return await self._reject(scope, receive, send, 408, "read_timeout",
+                                          f"request body not received within {self.read_timeout:g} s")
+            if message["type"] == "http.disconnect":
+                log.info("client disconnected before sending the whole body", extra={"path": scope["path"]})
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                return await self._reject(scope, receive, send)
+                return await self._reject(scope, receive, send, 413, "too_large",
+                                          f"request body over {self.limit} bytes")
             if not message.get("more_body"):
                 break
         replayed = False
@@ -103,11 +116,11 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, scope, receive, send):
+    async def _reject(self, scope, receive, send, status: int, outcome: str, detail: str):
         if self.on_reject:
-            self.on_reject(scope["path"])
-        await JSONResponse({"detail": f"request body over {self.limit} bytes"}, status_code=413)(
-            scope, receive, send)
+            self.on_reject(scope["path"], outcome)
+        await JSONResponse({"detail": detail}, status_code=status,
+                           headers={"Connection": "close"})(scope, receive, send)
 
 
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {

@@ -105,7 +105,7 @@ def github_event(event: str | None, payload: dict) -> TicketEvent:
     action = payload.get("action")
     if event == "ping":
         raise Ignored("ping")
-    if event != "issues" or action not in GITHUB_ACTIONS:
+    if event != "issues" or not isinstance(action, str) or action not in GITHUB_ACTIONS:
         raise Ignored(f"event {str(event)[:40]}/{str(action)[:40]} is not handled")
     issue = _object(payload.get("issue"), "issue")
     repo = _object(payload.get("repository"), "repository")
@@ -125,13 +125,14 @@ def github_event(event: str | None, payload: dict) -> TicketEvent:
 def jira_event(payload: dict) -> TicketEvent:
     """The ticket event of a Jira issue webhook; Ignored for other events or non-text changes."""
     event = payload.get("webhookEvent")
-    if event not in JIRA_EVENTS:
+    if not isinstance(event, str) or event not in JIRA_EVENTS:
         raise Ignored(f"event {str(event)[:60]} is not handled")
     items = _object(payload.get("changelog"), "changelog", required=False).get("items")
     if items is not None and not isinstance(items, list):
         raise BadPayload(f"changelog.items must be a list, not {_kind(items)}")
     if event == "jira:issue_updated" and items and not any(
-            isinstance(i, dict) and i.get("field") in JIRA_TEXT_FIELDS for i in items):
+            isinstance(i, dict) and isinstance(i.get("field"), str) and i["field"] in JIRA_TEXT_FIELDS
+            for i in items):
         raise Ignored("neither summary nor description changed")
     issue = _object(payload.get("issue"), "issue")
     fields = _object(issue.get("fields"), "issue.fields")

@@ -1,16 +1,18 @@
 """The webhook service: GitHub and Jira call it when a ticket is opened or edited (a thin shell over kb/).
 
-Webhooks are verified, committed to the durable queue (kb.queue) and acknowledged with 202; a
-background worker suggests (kb.suggest) and writes back (kb.writeback). ``/v1/annotate`` answers
-synchronously. Operations: ``/healthz``, ``/readyz``, ``/metrics``, JSON logs on stderr.
+Webhooks are verified (the signature before anything else, so unsigned traffic cannot use up a
+sender's rate limit), parsed (pmkb.payloads), redacted, committed to the durable queue (kb.queue)
+and acknowledged with 202; a background worker suggests and writes back (kb.writeback), never
+applying an older version of a ticket after a newer one. ``/v1/annotate`` answers synchronously.
+Operations: ``/healthz``, ``/readyz``, ``/metrics``, JSON logs on stderr.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -21,36 +23,37 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from kb.queue import Event, EventQueue, PermanentError, Worker
+from kb.queue import Event, EventQueue, PermanentError, RetryLater, Skipped
+from kb.queue_worker import Worker
+from kb.redact import redact
 from kb.settings import Settings
 from kb.suggestion import EmptyTicket, Suggestion, Ticket
+from pmkb.api_models import GITHUB_BODY, JIRA_BODY, Accepted, AnnotateRequest, error_responses
 from pmkb.ops import BodyLimit, Metrics, TokenBucket, configure_logging
+from pmkb.payloads import BadPayload, Ignored, TicketEvent, github_event, jira_event, parse_json_object
 
 log = logging.getLogger("pmkb.server")
 
-GITHUB_ACTIONS = {"opened", "edited", "reopened"}
-JIRA_EVENTS = {"jira:issue_created", "jira:issue_updated"}
-JIRA_TEXT_FIELDS = {"summary", "description"}
 QUEUE_FILE = "queue.sqlite3"
 """The queue database, under the knowledge-base home."""
 
 
-class AnnotateRequest(BaseModel):
-    """A ticket for ``POST /v1/annotate``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str | None = None
-    title: str = ""
-    description: str = ""
-    log: str = ""  # optional log excerpt
+SECRET_SETTINGS = ("github_webhook_secret", "jira_webhook_secret", "api_token", "github_token", "jira_token")
 
 
 def startup_problems(settings: Settings, insecure_dev: bool) -> list[str]:
-    """Why the service must not start with these settings (empty when it may)."""
+    """Why the service must not start with these settings (empty when it may).
+
+    A secret set to the empty string is a mistake, not a choice: it would accept a signature
+    keyed with "" or an empty header, so the service refuses to start, even with --insecure-dev.
+    """
+    empty = [f"PMKB_{name.upper()}" for name in SECRET_SETTINGS
+             if (value := getattr(settings, name)) is not None and not value.get_secret_value().strip()]
+    if empty:
+        return [f"{', '.join(empty)} {'is' if len(empty) == 1 else 'are'} set but empty: give "
+                f"{'it a value' if len(empty) == 1 else 'them values'} or unset {'it' if len(empty) == 1 else 'them'}"]
     secrets = (settings.github_webhook_secret, settings.jira_webhook_secret, settings.api_token)
     problems = []
     if not insecure_dev and not any(secrets):
@@ -71,15 +74,31 @@ def _ticket_hash(ticket: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def state_dir_problem(home: Path) -> str | None:
+    """Why the service cannot write its state under ``home`` (None when it can)."""
+    probe = Path(home) / f".pmkb-ready-{os.getpid()}"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"ok")
+            fh.flush()
+            os.fsync(fh.fileno())
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write to the state directory {home}: {exc.strerror or exc}"
+    return None
+
+
 class Service:
     """State behind the app: queue, worker, engine (loaded in the background), limits, metrics."""
 
     def __init__(self, settings: Settings, engine=None, insecure_dev: bool = False, poll: float = 1.0):
         self.settings, self.engine, self.insecure_dev = settings, engine, insecure_dev
         self.queue = EventQueue(settings.home / QUEUE_FILE, max_attempts=settings.queue_max_attempts,
-                                backoff=settings.queue_backoff)
+                                backoff=settings.queue_backoff,
+                                retry_budget=settings.queue_retry_budget_hours * 3600)
         self.metrics = Metrics()
-        self.worker = Worker(self.queue, self.handle, poll=poll, on_outcome=self._outcome)
+        self.worker = Worker(self.queue, self.handle, poll=poll, on_outcome=self._outcome,
+                             retention=settings.queue_retention_days * 86400)
         self.buckets = {s: TokenBucket(settings.rate_limit_per_second, settings.rate_limit_burst)
                         for s in ("github", "jira", "api")}
         self.ready = threading.Event()
@@ -129,10 +148,12 @@ class Service:
         """Worker handler: suggest for the queued ticket and write the result back."""
         from kb.writeback import TicketRef, WriteBackError, write_back
 
+        if self.queue.stale(event):  # e.g. a replayed delivery of an older version of the ticket
+            raise Skipped("a newer version of the ticket was already applied")
         if self.queue.superseded(event):  # e.g. a retried "opened" after the "edited" that followed it
-            return {"skipped": "a newer event for the ticket supersedes this one"}
+            raise Skipped("a newer event for the ticket supersedes this one")
         if event.content_hash and self.queue.last_done_hash(event.ticket) == event.content_hash:
-            return {"skipped": "ticket text unchanged since the last write-back"}
+            raise Skipped("ticket text unchanged since the last write-back")
         try:
             suggestion = self.suggest(Ticket(**event.payload["ticket"]))
             ref = TicketRef(system=event.payload["system"], key=event.ticket)
@@ -142,40 +163,45 @@ class Service:
                 self._http = httpx.Client()
             done = write_back(self.settings, ref, suggestion, client=self._http)
             return done | {"root_cause": suggestion.root_cause, "abstained": suggestion.abstained}
-        except EmptyTicket as exc:
-            raise PermanentError(str(exc)) from exc
+        except EmptyTicket as exc:  # nothing to suggest from: not a failure anyone can fix by retrying
+            raise Skipped(str(exc)) from exc
         except WriteBackError as exc:
             if not exc.retryable:
                 raise PermanentError(str(exc)) from exc
-            raise
+            raise RetryLater(str(exc), exc.retry_after) from exc
 
     def _outcome(self, event: Event, outcome: str, seconds: float) -> None:
         self.metrics.processing.labels(event.source).observe(seconds)
         if outcome == "done":
             self.metrics.latency.labels(event.source).observe(max(0.0, time.time() - event.created_at))
-        else:
+        elif outcome != "skipped":
             self.metrics.failures.labels(event.source, outcome).inc()
 
-    def accept(self, source: str, delivery: str, system: str, key: str, ticket: dict, extra: dict) -> JSONResponse:
-        """Commit the event to the queue, then acknowledge it (202); a redelivery is not queued again.
+    def accept(self, source: str, delivery: str, event: TicketEvent) -> JSONResponse:
+        """Redact the ticket text, commit the event to the queue, then acknowledge it (202).
 
-        Called in a worker thread: the commit waits for the disk, and the event loop should not.
+        A redelivery is not queued again. Called in a worker thread: the commit waits for the disk,
+        and the event loop should not.
         """
         from kb.writeback import TicketRef
 
         try:
-            TicketRef(system=system, key=key)
+            TicketRef(system=event.system, key=event.key)
         except ValueError as exc:
             return self.reject(source, 400, "bad_request", str(exc))
-        event_id, created = self.queue.enqueue(source, delivery, key, {"system": system, "ticket": ticket, **extra},
-                                               content_hash=_ticket_hash(ticket))
+        # Only redacted text is stored: the engine redacts anyway, so nothing it needs is lost.
+        ticket = {k: redact(v) if isinstance(v, str) and k != "id" else v for k, v in event.ticket.items()}
+        extra = {"action": event.action} | ({"url": event.url} if event.url else {})
+        event_id, created = self.queue.enqueue(source, delivery, event.key,
+                                               {"system": event.system, "ticket": ticket, **extra},
+                                               content_hash=_ticket_hash(ticket), version=event.version)
         outcome = "queued" if created else "duplicate"
         self.metrics.received.labels(source, outcome).inc()
         if created:
             self.worker.notify()
-        log.info("webhook %s", outcome, extra={"source": source, "event_id": event_id, "ticket": key,
-                                               "delivery": delivery})
-        return JSONResponse({"event_id": event_id, "status": outcome, "ticket": key}, status_code=202)
+        log.info("webhook %s", outcome, extra={"source": source, "event_id": event_id, "ticket": event.key,
+                                               "delivery": delivery[:100]})
+        return JSONResponse({"event_id": event_id, "status": outcome, "ticket": event.key}, status_code=202)
 
     def reject(self, source: str, status: int, outcome: str, detail: str, headers: dict | None = None):
         """Count and log a refused request, and build its response."""
@@ -197,27 +223,14 @@ class Service:
         return None
 
 
-def _json_object(body: bytes) -> dict | None:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _text(value) -> str:
-    """Plain text of a Jira field: a string, or the text nodes of an Atlassian Document Format tree."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        return value.get("text") or "\n".join(filter(None, (_text(v) for v in value.get("content") or [])))
-    if isinstance(value, list):
-        return "\n".join(filter(None, (_text(v) for v in value)))
-    return ""
-
-
 def _same(expected: str, given: str | None) -> bool:
-    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
+    """Constant-time comparison; an empty expected secret never matches."""
+    return bool(expected) and given is not None and hmac.compare_digest(expected.encode(), given.encode(
+        "utf-8", "replace"))
+
+
+def _configured(secret) -> bool:
+    return secret is not None and bool(secret.get_secret_value())
 
 
 def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll: float = 1.0) -> FastAPI:
@@ -232,8 +245,8 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
 
     app = FastAPI(title="pmkb", summary="Ticket triage suggestions for GPU clusters", lifespan=lifespan)
     app.state.service = svc
-    app.add_middleware(BodyLimit, limit=settings.max_request_bytes,
-                       on_reject=lambda path: svc.metrics.received.labels(_source(path), "too_large").inc())
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes, read_timeout=settings.request_read_timeout,
+                       on_reject=lambda path, outcome: svc.metrics.received.labels(_source(path), outcome).inc())
     bearer = HTTPBearer(auto_error=False)
 
     @app.exception_handler(RequestValidationError)
@@ -241,80 +254,82 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
         status = 400 if any(e.get("type") == "json_invalid" for e in exc.errors()) else 422
         return JSONResponse({"detail": jsonable_errors(exc)}, status_code=status)
 
-    @app.post("/webhooks/github", status_code=202, summary="GitHub `issues` webhook")
+    async def receive(source: str, request: Request, secret, authentic, refusal: str) -> dict | JSONResponse:
+        """The verified, rate-limited JSON body of a webhook, or the response refusing it.
+
+        The signature is checked before the rate limit, so unsigned requests cannot spend the
+        tokens of the sender's genuine deliveries.
+        """
+        if not _configured(secret) and not insecure_dev:
+            return svc.reject(source, 404, "not_configured", f"{source} webhooks are not configured: set "
+                                                             f"PMKB_{source.upper()}_WEBHOOK_SECRET")
+        body = await request.body()
+        if _configured(secret) and not authentic(secret.get_secret_value(), body):
+            return svc.reject(source, 401, "unauthorized", refusal)
+        if (refused := svc.limited(source)) is not None:
+            return refused
+        try:
+            return parse_json_object(body)
+        except BadPayload as exc:
+            return svc.reject(source, 400, "bad_request", str(exc))
+
+    async def queue_event(source: str, delivery: str, parse) -> JSONResponse:
+        try:
+            event = parse()
+        except Ignored as exc:
+            return svc.ignore(source, str(exc))
+        except BadPayload as exc:
+            return svc.reject(source, 400, "bad_request", str(exc))
+        return await run_in_threadpool(svc.accept, source, delivery, event)
+
+    webhook = {"status_code": 202, "response_model": Accepted}
+
+    @app.post("/webhooks/github", summary="GitHub `issues` webhook", **webhook, openapi_extra=GITHUB_BODY,
+              responses={200: {"description": "An event pmkb does not act on (ping, other actions)"},
+                         **error_responses(400, 401, 404, 408, 413, 429)})
     async def github_webhook(request: Request, x_github_event: str | None = Header(None),
                              x_github_delivery: str | None = Header(None),
                              x_hub_signature_256: str | None = Header(None)):
-        secret = settings.github_webhook_secret
-        if secret is None and not insecure_dev:
-            raise HTTPException(404, "GitHub webhooks are not configured: set PMKB_GITHUB_WEBHOOK_SECRET")
-        if (refused := svc.limited("github")) is not None:
-            return refused
-        body = await request.body()
-        if secret is not None:
-            digest = "sha256=" + hmac.new(secret.get_secret_value().encode(), body, hashlib.sha256).hexdigest()
-            if not _same(digest, x_hub_signature_256):
-                return svc.reject("github", 401, "unauthorized", "missing or wrong X-Hub-Signature-256")
-        payload = _json_object(body)
-        if payload is None:
-            return svc.reject("github", 400, "bad_request", "the body is not a JSON object")
-        if x_github_event == "ping":
-            return svc.ignore("github", "ping")
-        if x_github_event != "issues" or payload.get("action") not in GITHUB_ACTIONS:
-            return svc.ignore("github", f"event {x_github_event}/{payload.get('action')} is not handled")
-        issue, repo = payload.get("issue"), payload.get("repository")
-        if not (isinstance(issue, dict) and isinstance(repo, dict) and issue.get("number")
-                and repo.get("full_name")):
-            return svc.reject("github", 400, "bad_request", "an issues event needs issue.number and "
-                                                             "repository.full_name")
-        key = f"{repo['full_name']}#{issue['number']}"
-        ticket = {"id": key, "title": issue.get("title") or "", "description": issue.get("body") or ""}
-        delivery = x_github_delivery or hashlib.sha256(body).hexdigest()
-        return await run_in_threadpool(svc.accept, "github", delivery, "github", key, ticket,
-                                       {"action": payload["action"], "url": issue.get("html_url")})
+        def signed(secret: str, body: bytes) -> bool:
+            return _same("sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest(), x_hub_signature_256)
 
-    @app.post("/webhooks/jira", status_code=202, summary="Jira issue webhook")
+        payload = await receive("github", request, settings.github_webhook_secret, signed,
+                                "missing or wrong X-Hub-Signature-256")
+        if isinstance(payload, JSONResponse):
+            return payload
+        delivery = x_github_delivery or hashlib.sha256(await request.body()).hexdigest()
+        return await queue_event("github", delivery, lambda: github_event(x_github_event, payload))
+
+    @app.post("/webhooks/jira", summary="Jira issue webhook", **webhook, openapi_extra=JIRA_BODY,
+              responses={200: {"description": "An event pmkb does not act on"},
+                         **error_responses(400, 401, 404, 408, 413, 429)})
     async def jira_webhook(request: Request):
-        secret = settings.jira_webhook_secret
-        if secret is None and not insecure_dev:
-            raise HTTPException(404, "Jira webhooks are not configured: set PMKB_JIRA_WEBHOOK_SECRET")
-        if (refused := svc.limited("jira")) is not None:
-            return refused
-        body = await request.body()
-        if secret is not None:
-            given = (request.headers.get(settings.jira_secret_header) if settings.jira_secret_in == "header"
-                     else request.query_params.get("secret"))
-            if not _same(secret.get_secret_value(), given):
-                where = settings.jira_secret_header if settings.jira_secret_in == "header" else "?secret="
-                return svc.reject("jira", 401, "unauthorized", f"missing or wrong shared secret ({where})")
-        payload = _json_object(body)
-        if payload is None:
-            return svc.reject("jira", 400, "bad_request", "the body is not a JSON object")
-        event = payload.get("webhookEvent")
-        if event not in JIRA_EVENTS:
-            return svc.ignore("jira", f"event {event} is not handled")
-        items = (payload.get("changelog") or {}).get("items")
-        if event == "jira:issue_updated" and isinstance(items, list) and items and not any(
-                isinstance(i, dict) and i.get("field") in JIRA_TEXT_FIELDS for i in items):
-            return svc.ignore("jira", "neither summary nor description changed")
-        issue = payload.get("issue")
-        fields = issue.get("fields") if isinstance(issue, dict) else None
-        if not (isinstance(fields, dict) and issue.get("key")):
-            return svc.reject("jira", 400, "bad_request", "a Jira issue event needs issue.key and issue.fields")
-        key = str(issue["key"])
-        ticket = {"id": key, "title": _text(fields.get("summary")),
-                  "description": _text(fields.get("description"))}
-        delivery = (request.headers.get("X-Atlassian-Webhook-Identifier")
-                    or (f"{event}:{key}:{payload['timestamp']}" if payload.get("timestamp") else None)
-                    or hashlib.sha256(body).hexdigest())
-        return await run_in_threadpool(svc.accept, "jira", delivery, "jira", key, ticket, {"action": event})
+        in_header = settings.jira_secret_in == "header"
 
-    @app.post("/v1/annotate", response_model=Suggestion, summary="Suggest for one ticket, synchronously")
+        def shared(secret: str, body: bytes) -> bool:
+            return _same(secret, request.headers.get(settings.jira_secret_header) if in_header
+                         else request.query_params.get("secret"))
+
+        where = settings.jira_secret_header if in_header else "?secret="
+        payload = await receive("jira", request, settings.jira_webhook_secret, shared,
+                                f"missing or wrong shared secret ({where})")
+        if isinstance(payload, JSONResponse):
+            return payload
+        issue = payload.get("issue")
+        key = issue.get("key") if isinstance(issue, dict) else None
+        stamp = payload.get("timestamp")
+        delivery = (request.headers.get("X-Atlassian-Webhook-Identifier")
+                    or (f"{payload.get('webhookEvent')}:{key}:{stamp}" if stamp and key else None)
+                    or hashlib.sha256(await request.body()).hexdigest())
+        return await queue_event("jira", delivery, lambda: jira_event(payload))
+
+    @app.post("/v1/annotate", response_model=Suggestion, summary="Suggest for one ticket, synchronously",
+              responses=error_responses(400, 401, 404, 408, 413, 422, 429, 503))
     def annotate(req: AnnotateRequest, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
-        if settings.api_token is None and not insecure_dev:
+        if not _configured(settings.api_token) and not insecure_dev:
             raise HTTPException(404, "the annotate API is not configured: set PMKB_API_TOKEN")
-        if settings.api_token is not None and not (credentials and _same(settings.api_token.get_secret_value(),
-                                                                          credentials.credentials)):
+        if _configured(settings.api_token) and not (credentials and _same(settings.api_token.get_secret_value(),
+                                                                           credentials.credentials)):
             svc.metrics.received.labels("api", "unauthorized").inc()
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
         if (refused := svc.limited("api")) is not None:
@@ -322,9 +337,8 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
         if not svc.ready.is_set():
             raise HTTPException(503, svc.load_error or "the knowledge base is still loading; retry shortly",
                                 headers={"Retry-After": "5"})
-        fields = req.model_dump(exclude_none=True)
         try:
-            result = svc.suggest(Ticket(**fields))
+            result = svc.suggest(Ticket(**req.model_dump(exclude_none=True)))
         except EmptyTicket as exc:
             svc.metrics.received.labels("api", "bad_request").inc()
             raise HTTPException(400, str(exc)) from exc
@@ -335,13 +349,15 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
     def healthz():
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="Knowledge base open and worker running")
+    @app.get("/readyz", summary="Knowledge base open, worker running, state directory writable",
+             responses={503: {"description": "Not ready: the body says which part is not"}})
     def readyz():
-        ok = svc.ready.is_set() and svc.worker.alive
+        problem = state_dir_problem(settings.home)
+        ok = svc.ready.is_set() and svc.worker.alive and problem is None
         body = {"status": "ready" if ok else "not ready", "knowledge_base": svc.ready.is_set(),
-                "worker": svc.worker.alive, "queue": svc.queue.counts()}
-        if svc.load_error:
-            body["error"] = svc.load_error
+                "worker": svc.worker.alive, "state_dir_writable": problem is None, "queue": svc.queue.counts()}
+        if svc.load_error or problem:
+            body["error"] = svc.load_error or problem
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", summary="Prometheus metrics")

@@ -101,3 +101,12 @@ def test_eval_with_llm_prints_both_columns(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "engine alone vs with LLM (llamacpp)" in proc.stdout
     assert "latency p50 per ticket (ms)" in proc.stdout
+
+
+def test_everything_pmkb_writes_is_private_to_its_owner(tmp_path):
+    incidents = tmp_path / "ours.jsonl"
+    incidents.write_text(json.dumps({"id": "OPS-1", "title": "Xid 79 on node gpu-q17", "root_cause": "gpu_lost"}))
+    pmkb("ingest", str(incidents), home=tmp_path / "kb")
+    written = list((tmp_path / "kb").rglob("*"))
+    assert any(p.suffix == ".sqlite3" for p in written)
+    assert {oct(p.stat().st_mode & 0o077) for p in written} == {"0o0"}

@@ -84,6 +84,12 @@ def test_other_events_are_ignored_and_bodies_that_are_not_objects_refused():
         github_event("ping", {})
     with pytest.raises(Ignored):
         jira_event({**jira(), "webhookEvent": "jira:issue_updated", "changelog": {"items": [{"field": "labels"}]}})
+    with pytest.raises(Ignored):
+        github_event("issues", {**github(), "action": ["opened"]})
+    with pytest.raises(Ignored):
+        jira_event({**jira(), "webhookEvent": ["jira:issue_created"]})
+    with pytest.raises(Ignored):
+        jira_event({**jira(), "webhookEvent": "jira:issue_updated", "changelog": {"items": [{"field": ["x"]}]}})
     for body in (b"[1]", b"{oops", b"\xff\xfe"):
         with pytest.raises(BadPayload):
             parse_json_object(body)

@@ -134,7 +134,8 @@ def post_jira(url: str, payload: dict | bytes, secret: str | None = JIRA_SECRET,
 
 
 def wait_finished(service, event_id: int, timeout: float = 60.0):
-    return wait_until(lambda: (e := service.queue.get(event_id)) and e.status in ("done", "dead") and e,
+    finished = ("done", "skipped", "dead")
+    return wait_until(lambda: (e := service.queue.get(event_id)) and e.status in finished and e,
                       timeout, f"event {event_id}")
 
 
@@ -388,7 +389,7 @@ def test_kill_9_with_events_queued_loses_none_and_comments_once(kb_home, tmp_pat
             first.send_signal(signal.SIGKILL)
             first.wait(30)
         queue = EventQueue(home / QUEUE_FILE)
-        assert queue.counts() == {"queued": 3, "claimed": 1, "done": 0, "dead": 0}
+        assert queue.counts() == {"queued": 3, "claimed": 1, "done": 0, "skipped": 0, "dead": 0}
         api.stall_after_create = 0.0
         second = start_serve(home, api, port)
         try:
