@@ -9,9 +9,9 @@ in many ways (``ibv_reg_mr`` / ``ibv_reg_mr_iova2``, ``OOMKilled`` / ``oom-kill`
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
-import pickle
 import warnings
 from pathlib import Path
 
@@ -26,6 +26,22 @@ REPORT_WEIGHT = 0.5
 """Weight of an incident's full report (ticket plus resolution) as an extra training sample. It
 teaches the classifier the words of what was found (a device-plugin bug, a node-image setting),
 which tickets sometimes already carry; the ticket text alone stays the main sample."""
+CACHE_FILE = "text_classifiers.npz"
+"""Name of the classifier cache in the knowledge-base directory."""
+LEGACY_CACHE_FILES = ("text_classifiers.pkl",)
+"""Pickled caches written by earlier versions: never read, removed when the cache is next saved."""
+CACHE_FORMAT = 1
+
+
+def _new_vectorizers(vocabularies: list[list[str]] | None = None) -> list:
+    """The word and character TF-IDF vectorizers, unfitted or with fixed vocabularies."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    word, char = vocabularies or (None, None)
+    as_mapping = (lambda terms: None if terms is None else {t: i for i, t in enumerate(terms)})
+    return [TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN, vocabulary=as_mapping(word)),
+            TfidfVectorizer(sublinear_tf=True, analyzer="char_wb", ngram_range=(3, 5), min_df=2,
+                            max_features=MAX_CHAR_FEATURES, vocabulary=as_mapping(char))]
 
 
 class TextClassifier:
@@ -40,14 +56,9 @@ class TextClassifier:
 
     def _matrix(self, texts: list[str], vectors: np.ndarray, fit: bool = False):
         from scipy.sparse import csr_matrix, hstack
-        from sklearn.feature_extraction.text import TfidfVectorizer
 
         if fit:
-            self._vectorizers = [
-                TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN),
-                TfidfVectorizer(sublinear_tf=True, analyzer="char_wb", ngram_range=(3, 5), min_df=2,
-                                max_features=MAX_CHAR_FEATURES),
-            ]
+            self._vectorizers = _new_vectorizers()
             parts = [v.fit_transform(texts) for v in self._vectorizers]
         else:
             parts = [v.transform(texts) for v in self._vectorizers]
@@ -93,6 +104,50 @@ class TextClassifier:
         full[:, self._classes] = probs + 1e-3
         return np.log(full / full.sum(axis=1, keepdims=True))
 
+    def to_state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """The fitted classifier as plain data: a JSON-safe header and numeric arrays."""
+        header = {"labels": list(self.labels), "strength": self.strength, "trained": self._model is not None}
+        if self._model is None:
+            return header, {}
+        header["vocabularies"] = [v.get_feature_names_out().tolist() for v in self._vectorizers]
+        arrays = {f"idf{n}": np.asarray(v.idf_) for n, v in enumerate(self._vectorizers)}
+        arrays.update(coef=self._model.coef_, intercept=self._model.intercept_,
+                      classes=np.asarray(self._classes, dtype=np.int64))
+        return header, arrays
+
+    @classmethod
+    def from_state(cls, header: dict, arrays: dict[str, np.ndarray]) -> "TextClassifier":
+        """A classifier rebuilt from ``to_state``'s output; raises ValueError when it does not fit together."""
+        from sklearn.linear_model import LogisticRegression
+
+        labels = header["labels"]
+        if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
+            raise ValueError("labels are not a list of names")
+        clf = cls(labels, float(header["strength"]))
+        if not header["trained"]:
+            return clf
+        vocabularies = header["vocabularies"]
+        if not (isinstance(vocabularies, list) and len(vocabularies) == 2
+                and all(isinstance(t, str) for terms in vocabularies for t in terms)):
+            raise ValueError("vocabularies are not two lists of terms")
+        clf._vectorizers = _new_vectorizers(vocabularies)
+        for n, vectorizer in enumerate(clf._vectorizers):
+            vectorizer.idf_ = _numeric(arrays, f"idf{n}", (len(vocabularies[n]),))  # checks the vocabulary too
+        coef, intercept = _numeric(arrays, "coef"), _numeric(arrays, "intercept")
+        classes = _numeric(arrays, "classes")
+        if classes.ndim != 1 or len(classes) < 2 or len(set(classes.tolist())) != len(classes) \
+                or not all(0 <= c < len(labels) for c in classes.tolist()):
+            raise ValueError("classes do not index the labels")
+        rows = 1 if len(classes) == 2 else len(classes)
+        if coef.ndim != 2 or coef.shape[0] != rows or coef.shape[1] <= sum(map(len, vocabularies)) \
+                or intercept.shape != (rows,):
+            raise ValueError(f"coefficients of shape {coef.shape} do not fit the vocabularies and classes")
+        model = LogisticRegression(C=clf.strength, max_iter=200, tol=1e-3)
+        model.classes_, model.coef_, model.intercept_ = classes, coef, intercept
+        model.n_features_in_ = coef.shape[1]
+        clf._model, clf._classes = model, classes.tolist()
+        return clf
+
 
 def out_of_fold_log_proba(labels: list[str], texts: list[str], vectors: np.ndarray, truths: list[str],
                           reports: list[str] | None = None, folds: int = 5, seed: int = 0) -> np.ndarray:
@@ -119,29 +174,71 @@ def training_fingerprint(incidents, model_id: str) -> str:
     return digest.hexdigest()
 
 
+def _numeric(arrays: dict[str, np.ndarray], name: str, shape: tuple | None = None) -> np.ndarray:
+    """A stored array that must be numeric (and of ``shape`` when given); ValueError otherwise."""
+    if name not in arrays:
+        raise ValueError(f"array {name!r} is missing")
+    value = arrays[name]
+    if value.dtype.kind not in "iuf" or (shape is not None and value.shape != shape):
+        raise ValueError(f"array {name!r} is {value.dtype} {value.shape}, not numbers of shape {shape or 'any'}")
+    return value
+
+
 def load_classifiers(path: Path, fingerprint: str) -> dict[str, TextClassifier] | None:
     """Classifiers cached at ``path`` when they were trained on exactly this data, else None.
 
-    The cache lives in the knowledge base's own directory and is written only by pmkb; an
-    unreadable or stale file is ignored (and replaced on the next save).
+    The file is read as data only (a numpy archive opened with ``allow_pickle=False`` and a JSON
+    header), so nothing in the knowledge-base directory can run code when it is loaded. An
+    unreadable, foreign or stale file is ignored (and replaced on the next save).
     """
     try:
-        with open(path, "rb") as fh:
-            cached = pickle.load(fh)  # noqa: S301 - pmkb's own file inside the knowledge base
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        header = json.loads(_numeric(arrays, "header").astype(np.uint8).tobytes().decode("utf-8"))
+        if not isinstance(header, dict) or header.get("format") != CACHE_FORMAT:
+            raise ValueError(f"not a format-{CACHE_FORMAT} classifier cache")
+        if header.get("fingerprint") != fingerprint:
+            return None
+        return {field: TextClassifier.from_state(
+                    part, {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{field}.")})
+                for field, part in header["classifiers"].items()}
     except FileNotFoundError:
         return None
-    except Exception as exc:  # noqa: BLE001 - a damaged cache only costs a refit
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign cache only costs a refit
         log.warning("ignoring the text-classifier cache %s (%s); it will be rebuilt", path, exc)
         return None
-    if not isinstance(cached, dict) or cached.get("fingerprint") != fingerprint:
-        return None
-    return cached.get("classifiers")
 
 
 def save_classifiers(path: Path, fingerprint: str, classifiers: dict[str, TextClassifier]) -> None:
-    """Cache trained classifiers atomically (a crash mid-write leaves the old file or none)."""
+    """Cache trained classifiers atomically, readable by the owner only.
+
+    A crash mid-write leaves the old file or none. A pickled cache left by an earlier version
+    is removed unread.
+    """
+    header: dict = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "classifiers": {}}
+    arrays: dict[str, np.ndarray] = {}
+    for field, clf in classifiers.items():
+        header["classifiers"][field], state = clf.to_state()
+        arrays.update({f"{field}.{name}": value for name, value in state.items()})
+    arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(partial, "wb") as fh:
-        pickle.dump({"fingerprint": fingerprint, "classifiers": classifiers}, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(partial, path)
+    partial.unlink(missing_ok=True)
+    try:
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    for legacy in (path.with_name(name) for name in LEGACY_CACHE_FILES):
+        if legacy == path:
+            continue
+        try:
+            legacy.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("could not remove %s, a pickled classifier cache of an earlier version: %s", legacy, exc)
+            continue
+        log.info("removed %s, a pickled classifier cache of an earlier version", legacy)

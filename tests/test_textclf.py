@@ -1,0 +1,124 @@
+"""The text classifiers and their cache: a cached classifier predicts exactly as the fitted one,
+and nothing in the knowledge-base directory can run code when the cache is loaded."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+import stat
+
+import numpy as np
+import pytest
+
+from kb.knowledge import KnowledgeBase
+from kb.settings import Settings
+from kb.suggest import SuggestionEngine
+from kb.suggestion import Ticket
+from kb.textclf import CACHE_FILE, LEGACY_CACHE_FILES, TextClassifier, load_classifiers, save_classifiers
+
+TICKET = Ticket(title="job killed", description="slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0")
+
+
+class _CreatesFile:
+    """Unpickling this creates a file: proof that loading ran code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, embedder):
+    """An engine over 40 bundled incidents whose text classifiers are fitted and cached."""
+    kb = KnowledgeBase(Settings(home=tmp_path_factory.mktemp("textclf") / "kb"), embedder=embedder)
+    kb.add_incidents(kb.bundled_incidents()[:40])
+    engine = SuggestionEngine(kb)
+    engine.suggest(TICKET)
+    return engine
+
+
+def test_a_cached_classifier_predicts_exactly_as_the_fitted_one(trained, tmp_path):
+    fitted = trained._text_classifiers()
+    path = tmp_path / CACHE_FILE
+    save_classifiers(path, "digest", fitted)
+    loaded = load_classifiers(path, "digest")
+    assert loaded is not None and set(loaded) == set(fitted) == {"root_cause", "symptom"}
+    incidents, vectors = trained._training_set()
+    texts = [TICKET.text()] + [i.text() for i in incidents[:10]]
+    vectors = np.vstack([trained.kb.embedder.embed_query(TICKET.text()), vectors[:10]])
+    for field, clf in fitted.items():
+        assert clf._model is not None
+        assert np.array_equal(loaded[field].log_proba(texts, vectors), clf.log_proba(texts, vectors))
+        assert loaded[field].labels == clf.labels
+    assert load_classifiers(path, "another digest") is None  # trained on other data: refit
+
+
+def test_an_untrained_classifier_round_trips(tmp_path):
+    labels = ["a", "b", "c"]
+    untrained = TextClassifier(labels).fit(["only one label"], np.zeros((1, 4)), ["a"])
+    save_classifiers(tmp_path / CACHE_FILE, "d", {"root_cause": untrained})
+    loaded = load_classifiers(tmp_path / CACHE_FILE, "d")["root_cause"]
+    assert np.array_equal(loaded.log_proba(["x"], np.zeros((1, 4))), untrained.log_proba(["x"], np.zeros((1, 4))))
+
+
+def test_the_cache_is_written_atomically_for_the_owner_only(trained):
+    path = trained.classifier_cache_path
+    assert path.exists() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not list(path.parent.glob(f"{path.name}.*.tmp"))
+    with path.open("rb") as fh:
+        assert fh.read(4) == b"PK\x03\x04"  # a numpy archive, not a pickle
+
+
+def test_a_planted_pickle_never_runs(trained, embedder, tmp_path, caplog):
+    home = tmp_path / "kb"
+    shutil.copytree(trained.settings.home, home)
+    kb = KnowledgeBase(Settings(home=home), embedder=embedder)
+    marker = tmp_path / "code-ran"
+    planted = {home / name for name in (CACHE_FILE, *LEGACY_CACHE_FILES)}
+    planted.add(SuggestionEngine(kb).classifier_cache_path)
+    for path in planted:  # under this version's name and under earlier versions' names
+        path.write_bytes(pickle.dumps({"fingerprint": "x", "classifiers": _CreatesFile(marker)}))
+    with caplog.at_level(logging.WARNING, logger="kb.textclf"):
+        engine = SuggestionEngine(kb)
+        suggestion = engine.suggest(TICKET)
+    assert not marker.exists()
+    assert suggestion.root_cause in kb.taxonomy.cause_ids
+    assert "text-classifier cache" in caplog.text and "rebuilt" in caplog.text
+    # rebuilt as data; a pickle left under an earlier version's name is gone
+    assert load_classifiers(engine.classifier_cache_path, engine._clf_fingerprint) is not None
+    for legacy in LEGACY_CACHE_FILES:
+        assert (home / legacy) == engine.classifier_cache_path or not (home / legacy).exists()
+    assert not marker.exists()
+
+
+def test_a_pickle_inside_the_archive_never_runs(tmp_path, caplog):
+    marker = tmp_path / "code-ran"
+    path = tmp_path / CACHE_FILE
+    with path.open("wb") as fh:
+        np.savez(fh, header=np.array([_CreatesFile(marker)], dtype=object))
+    with caplog.at_level(logging.WARNING, logger="kb.textclf"):
+        assert load_classifiers(path, "d") is None
+    assert not marker.exists() and "text-classifier cache" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong shape", "foreign header"])
+def test_a_damaged_archive_is_ignored(trained, tmp_path, caplog, damage):
+    path = tmp_path / CACHE_FILE
+    save_classifiers(path, "d", trained._text_classifiers())
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:5000])
+    else:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        if damage == "wrong shape":
+            arrays["root_cause.coef"] = arrays["root_cause.coef"][:, :10]
+        else:
+            arrays["header"] = np.frombuffer(b'{"format": 1, "fingerprint": "d", "classifiers": 3}', np.uint8)
+        with path.open("wb") as fh:
+            np.savez(fh, **arrays)
+    with caplog.at_level(logging.WARNING, logger="kb.textclf"):
+        assert load_classifiers(path, "d") is None
+    assert "text-classifier cache" in caplog.text
