@@ -2,6 +2,10 @@
 
 Every answer is grounded in a fresh retrieval (the question plus the ticket's context) and
 cites incidents by id. Without a model the same retrieval is rendered as a plain answer.
+
+What people write here (the question and the conversation so far) is redacted like a ticket
+before it is embedded or put in a prompt: an engineer pasting a log with a token in it does not
+send the token to the model.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from langchain_core.documents import Document
 from kb.chain import KnowledgeRetriever, incident_document
 from kb.llm import Generator, LLMError, shared_generator
 from kb.prompting import cited_ids, load_prompt, neutralise
+from kb.redact import redact
 
 CHAT_TOKENS = 384
 """Longest answer the model may write; always reserved in the context window."""
@@ -73,7 +78,7 @@ def retrieval_answer(suggestion, documents: list[Document], note: str = NO_MODEL
 
 def chat_variables(suggestion, documents: list[Document], question: str, history: list[dict],
                    resolution_chars: int = 400) -> dict:
-    """Template variables for the chat prompt; people's text is neutralised."""
+    """Template variables for the chat prompt; people's text is redacted and neutralised."""
     incidents = [d.metadata for d in documents if d.metadata["kind"] == "incident"]
     return {
         "example_id": incidents[0]["id"] if incidents else "incident-id",
@@ -87,9 +92,10 @@ def chat_variables(suggestion, documents: list[Document], question: str, history
         "taxonomy": [{"kind": d.metadata["kind"], "id": d.metadata["id"],
                       "text": _first_sentence(d.page_content, 300)}
                      for d in documents if d.metadata["kind"] != "incident"],
-        "history": [{"role": h.get("role", "user"), "content": neutralise(str(h.get("content", "")))[:1500]}
+        "history": [{"role": h.get("role", "user"),
+                     "content": neutralise(redact(str(h.get("content", ""))))[:1500]}
                     for h in history[-HISTORY_TURNS:]],
-        "question": neutralise(question),
+        "question": neutralise(redact(question)),
     }
 
 
@@ -118,7 +124,7 @@ def answer_followup(engine, suggestion, question: str, history: list[dict] | Non
     streamed token by token; without one (``llm: none``) it is a retrieval answer. If the
     model fails mid-way the retrieval answer follows a note saying why.
     """
-    question = (question or "").strip()
+    question = redact((question or "").strip())
     if not question:
         raise ValueError("ask a question about the ticket (the question is empty)")
     documents = retrieve_for_question(engine, suggestion, question)

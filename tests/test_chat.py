@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from kb.chat import CHAT_TOKENS, NO_MODEL, answer_followup, chat_messages, retrieve_for_question
 from kb.classify import Calibration
 from kb.knowledge import KnowledgeBase
-from kb.llm import LlamaCppGenerator, OpenAIGenerator, shared_generator
+from kb.llm import Generator, LlamaCppGenerator, OpenAIGenerator, shared_generator
 from kb.prompting import cited_ids
 from kb.settings import Settings
 from kb.suggest import SuggestionEngine
@@ -76,6 +76,46 @@ def test_prompt_keeps_people_text_delimited_and_fits_the_context(engine, suggest
     user = messages[1]["content"]
     assert user.count("</question>") == 1 and "<|im_start|>" not in user
     assert sum(generator.count_tokens(m["content"]) for m in messages) <= 1200 - CHAT_TOKENS
+
+
+TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0" * 2
+MAIL = "oncall.alice@example.com"
+
+
+class _RecordingGenerator(Generator):
+    """A model that remembers the messages it was sent and answers with one sentence."""
+
+    backend = "recording"
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.sent = []
+
+    @property
+    def model_id(self) -> str:
+        return "recording"
+
+    def generate_json(self, messages, schema, max_tokens):
+        raise AssertionError("chat streams free text")
+
+    def stream(self, messages, max_tokens):
+        self.sent.append(messages)
+        yield "The node lost its GPU."
+
+
+def test_people_text_is_redacted_before_it_reaches_the_model(engine, suggestion, _built_kb_dir):
+    generator = _RecordingGenerator(Settings(home=_built_kb_dir, llm="llamacpp"))
+    history = [{"role": "user", "content": f"I exported GITHUB_TOKEN={TOKEN} and mailed {MAIL}"},
+               {"role": "assistant", "content": f"Do not share {TOKEN}."}]
+    question = f"Can I resubmit with token {TOKEN}? Ask {MAIL} if not."
+    answer = "".join(answer_followup(engine, suggestion, question, history=history, generator=generator))
+    assert answer.startswith("The node lost its GPU.")
+    (messages,) = generator.sent
+    sent = "\n".join(m["content"] for m in messages)
+    assert "resubmit" in sent and "[REDACTED:" in sent
+    assert TOKEN not in sent and MAIL not in sent and "alice" not in sent
+    built = chat_messages(generator, suggestion, [], question, history)  # the prompt builder on its own
+    assert not any(TOKEN in m["content"] or MAIL in m["content"] for m in built)
 
 
 def test_shared_generator_is_built_once_per_configuration(tmp_path):
