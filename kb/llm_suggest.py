@@ -235,8 +235,9 @@ class LLMSuggester:
     def suggest(self, ticket: Ticket, exclude: set[str] | None = None) -> Suggestion:
         """The engine's suggestion, with the model's explanation and choice applied by the rule.
 
-        On a ticket with instruction-like lines the engine classifies the ticket without those
-        lines, and the model may explain but not relabel.
+        On a ticket with instruction-like text the engine classifies the ticket with the
+        instructions cut out (the rest of their lines stays), and the model may explain but not
+        relabel.
         """
         if not isinstance(ticket, Ticket):
             ticket = Ticket(id=ticket.id, title=ticket.title, description=ticket.description)
@@ -296,7 +297,8 @@ class LLMSuggester:
 
 
 def without_instruction_lines(ticket: Ticket) -> tuple[Ticket, int]:
-    """The ticket without its instruction-like lines (unchanged if nothing would be left)."""
+    """The ticket with its instruction-like text cut out, and how many lines lost some (unchanged if
+    nothing would be left)."""
     parts = {name: strip_instruction_lines(getattr(ticket, name)) for name in ("title", "description", "log")}
     stripped = ticket.model_copy(update={name: text for name, (text, _) in parts.items()})
     if not stripped.text().strip():

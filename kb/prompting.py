@@ -12,6 +12,7 @@ the caller can keep the model from changing labels on such a ticket.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 from dataclasses import dataclass
@@ -182,8 +183,65 @@ def cited_ids(text: str) -> list[str]:
     return list(dict.fromkeys(_CITATION.findall(text)))
 
 
+_IN_PLACE = {"fake-turn", "chat-token", "delimiter"}
+"""Markers cut out alone: a role prefix or a token says nothing itself, and the rest of its line
+is often a real log line (``System: NVRM: Xid 79 ...``)."""
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+_ROLE_AFTER_TOKEN = re.compile(r"[ \t]*(?:system|user|assistant|model|developer)\b", re.IGNORECASE)
+_WORD = re.compile(r"\w")
+
+
+def _instruction_spans(line: str) -> list[tuple[int, int]]:
+    """Merged spans of a line to cut: each marker, and for an order, the rest of its sentence."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(line)]
+    spans = []
+    for name, pattern in _INJECTION_RE.items():
+        for match in pattern.finditer(line):
+            end = match.end()
+            if name == "chat-token":  # <start_of_turn>system: the role name belongs to the token
+                role = _ROLE_AFTER_TOKEN.match(line, end)
+                end = role.end() if role else end
+            elif name not in _IN_PLACE:
+                after = bisect.bisect_left(ends, end)
+                end = ends[after] if after < len(ends) else len(line)
+            spans.append((match.start(), max(end, match.start() + 1)))
+    merged: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in merged]
+
+
+def _without_instructions(line: str) -> str | None:
+    """One line with its instruction-like parts cut out; None when no word of it is left."""
+    out, last = [], 0
+    for lo, hi in _instruction_spans(line):
+        out.append(line[last:lo])
+        last = hi
+    rewritten = " ".join(part.strip() for part in [*out, line[last:]] if part.strip())
+    # A marker can form where cuts meet; then nothing of the line is worth the risk.
+    return rewritten if _WORD.search(rewritten) and not injection_markers(rewritten) else None
+
+
 def strip_instruction_lines(text: str) -> tuple[str, int]:
-    """The text without the lines that carry instruction-like patterns, and how many were dropped."""
+    """The text with its instruction-like parts cut out, and how many lines lost something.
+
+    Only the instruction goes: a fake role prefix, a chat token or one of our delimiters, and an
+    order (ignore the above, you are now, label this ...) to the end of its sentence. The rest of
+    each line stays, so a log line behind a fake ``System:`` prefix still counts as evidence; a
+    line with nothing else on it is dropped. Nothing is put in the cut's place, since any words
+    left there would weigh on the classification.
+    """
     lines = text.split("\n")
-    kept = [line for line in lines if not injection_markers(line)]
-    return "\n".join(kept), len(lines) - len(kept)
+    changed, kept = 0, []
+    for line in lines:
+        if not injection_markers(line):
+            kept.append(line)
+            continue
+        changed += 1
+        rest = _without_instructions(line)
+        if rest is not None:
+            kept.append(rest)
+    return "\n".join(kept), changed
