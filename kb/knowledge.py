@@ -69,8 +69,8 @@ class KnowledgeBase:
         self.settings = settings
         self._embedder = embedder
         self.generation = 0
-        """Counts this process's writes to the store, so readers reload even when an update kept
-        the number of incidents the same (another process's update shows when the count changes)."""
+        """Counts this knowledge base's writes to the store, so readers reload even when an update
+        kept the number of incidents the same (other writers show through ``Store.state``)."""
 
     @cached_property
     def taxonomy(self) -> Taxonomy:

@@ -93,8 +93,9 @@ class _Corpus:
     incidents: list[Incident]
     bm25: BM25
     position: dict[str, int]
-    stored_count: int  # incidents in the store when loaded; a change triggers a reload
-    generation: int = 0  # the knowledge base's write generation when loaded; likewise
+    stored_count: int  # incidents in the store when loaded
+    generation: int = 0  # the knowledge base's write generation when loaded; a change triggers a reload
+    state: tuple = ()  # the store's state when loaded (``Store.state``); likewise
 
 
 def _matches(incident: Incident, where: dict | None, dimension: str | None) -> bool:
@@ -128,18 +129,18 @@ class Retriever:
         self._corpus: _Corpus | None = None
 
     def _load(self) -> _Corpus:
-        count = self.kb.store.count()
-        if (self._corpus is None or self._corpus.stored_count != count
+        if (self._corpus is None or self._corpus.state != self.kb.store.state()
                 or self._corpus.generation != self.kb.generation):
             self.refresh()
         return self._corpus
 
     def refresh(self) -> None:
         """Reload the lexical index from the store (after incidents were added)."""
+        state = self.kb.store.state()  # read first: a write during the scan forces another reload
         incidents = self.kb.store.incidents()
         docs = [tokenize(i.document()) for i in incidents]
         self._corpus = _Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
-                               len(incidents), self.kb.generation)
+                               len(incidents), self.kb.generation, state)
 
     def dense_candidates(self, vectors: np.ndarray, k: int = 5,
                          where: dict | None = None) -> list[dict[str, float]]:

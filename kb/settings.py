@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     embedding_device: str = "auto"
     # Chroma server URL (http://host:port); unset means an embedded PersistentClient.
     chroma_url: str | None = None
+    # With a Chroma server, other processes may add or change incidents: a running process looks
+    # for such changes at most this often (seconds), so they reach its suggestions within that time.
+    chroma_refresh_seconds: float = 5.0
     # Suggestions whose top root-cause probability is below this are marked abstained.
     abstain_threshold: float = 0.35
     # A ticket with fewer distinct content words than this and no log signature says too little

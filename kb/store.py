@@ -1,21 +1,34 @@
 """Vector store for incidents and taxonomy entries (Chroma, embedded or client/server).
 
 Only this module imports chromadb. The store records which embedding model built it and
-refuses vectors from another one.
+refuses vectors from another one. An embedded store is open in one process at a time
+(``kb.store_lock``); several processes share a knowledge base through a Chroma server.
 """
 
 from __future__ import annotations
 
+import itertools
+import time
+import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 import numpy as np
 
+from kb import store_lock
 from kb.incidents import Incident
 from kb.settings import Settings
 
 INCIDENTS = "pmkb-incidents"
 TAXONOMY = "pmkb-taxonomy"
+STATE = "pmkb-state"
+"""On a Chroma server: one record whose token every incident write changes, so that other
+processes notice an update that kept the number of incidents the same."""
+
+_local_writes: dict[str, int] = {}
+"""The number of this process's latest incident write, by store location."""
+_write_numbers = itertools.count(1)  # next() is atomic: two threads writing never get the same number
 
 
 class StoreModelMismatch(RuntimeError):
@@ -59,6 +72,9 @@ class Store(Protocol):
     def count(self) -> int:
         """Number of stored incidents."""
 
+    def state(self) -> tuple:
+        """A value that changes when the stored incidents change (readers reload on a change)."""
+
 
 def incident_metadata(incident: Incident, dimension: str | None) -> dict:
     """Flat, filterable metadata for an incident plus its full record as JSON."""
@@ -76,28 +92,41 @@ def incident_metadata(incident: Incident, dimension: str | None) -> dict:
 
 
 class ChromaStore:
-    """Chroma-backed store: PersistentClient on a directory, or HttpClient on a server URL."""
+    """Chroma-backed store: PersistentClient on a directory, or HttpClient on a server URL.
 
-    def __init__(self, model_id: str, path: str | None = None, url: str | None = None):
-        import chromadb
-        from chromadb.config import Settings as ChromaSettings
+    An embedded store holds the directory's lock (``kb.store_lock``) until it is closed or
+    garbage-collected; opening a directory that another process has open raises ``StoreLocked``.
+    """
 
+    def __init__(self, model_id: str, path: str | None = None, url: str | None = None,
+                 refresh_seconds: float = 5.0):
         self.model_id = model_id
-        chroma_settings = ChromaSettings(anonymized_telemetry=False)
-        if url:
-            from urllib.parse import urlparse
+        self.location = url or path
+        self.refresh_seconds = refresh_seconds
+        self._seen: tuple[float, tuple] | None = None  # (when, count and token) last read from a server
+        lock = None if url else store_lock.acquire(path)  # first: a store in use fails before the slow import
+        try:
+            self._client = _connect(path, url)
+        except BaseException:
+            if lock:
+                store_lock.release(lock)
+            raise
+        self._key = lock or url  # where this process counts its writes
+        # The client is closed before the lock is given back, so the next holder finds the files at rest.
+        self._closer = weakref.finalize(self, _close, self._client, lock)
+        self._closer.atexit = False  # at exit the kernel drops the lock; nothing to wait for
+        try:
+            self._incidents = self._collection(INCIDENTS)
+            self._taxonomy = self._collection(TAXONOMY)
+            self._state = self._client.get_or_create_collection(STATE, embedding_function=None) if url else None
+            self._batch = min(1000, self._client.get_max_batch_size())
+        except BaseException:
+            self.close()
+            raise
 
-            parsed = urlparse(url)
-            self._client = chromadb.HttpClient(host=parsed.hostname or "localhost",
-                                               port=parsed.port or 8000,
-                                               ssl=parsed.scheme == "https", settings=chroma_settings)
-            self.location = url
-        else:
-            self._client = chromadb.PersistentClient(path=path, settings=chroma_settings)
-            self.location = path
-        self._incidents = self._collection(INCIDENTS)
-        self._taxonomy = self._collection(TAXONOMY)
-        self._batch = min(1000, self._client.get_max_batch_size())
+    def close(self) -> None:
+        """Close the client and, for an embedded store, give back its lock (idempotent)."""
+        self._closer()
 
     def _collection(self, name: str):
         col = self._client.get_or_create_collection(
@@ -124,6 +153,31 @@ class ChromaStore:
                 documents=[i.document() for i in chunk],
                 metadatas=[incident_metadata(i, d) for i, d in
                            zip(chunk, dimensions[start:start + self._batch])])
+        self._changed()
+
+    def _changed(self) -> None:
+        """Record an incident write: at once for this process, through the token for others."""
+        _local_writes[self._key] = next(_write_numbers)
+        if self._state is not None:
+            self._state.upsert(ids=["incidents"], embeddings=[[1.0]],
+                               metadatas=[{"token": uuid.uuid4().hex, "at": time.time()}])
+
+    def state(self) -> tuple:
+        """A value that changes when the stored incidents change.
+
+        This process's writes change it at once. On a Chroma server, where other processes may
+        write too, it also holds the incident count and the write token, read again at most every
+        ``refresh_seconds``; an embedded store is locked to this process, so nothing else can change it.
+        """
+        local = _local_writes.get(self._key, 0)
+        if self._state is None:
+            return (local,)
+        seen, now = self._seen, time.monotonic()
+        if seen is None or now - seen[0] >= self.refresh_seconds:
+            got = self._state.get(ids=["incidents"], include=["metadatas"])
+            token = got["metadatas"][0].get("token") if got["ids"] else None
+            seen = self._seen = (now, (self.count(), token))
+        return (local, *seen[1])
 
     def incident_hashes(self, ids: Iterable[str] | None = None) -> dict[str, str]:
         """Content hashes of stored incidents (all, or those with the given ids)."""
@@ -225,11 +279,35 @@ class ChromaStore:
                 self._client.delete_collection(name)
             except Exception:  # noqa: BLE001 - absent collection
                 pass
+        self._changed()
+
+
+def _connect(path: str | None, url: str | None):
+    """A Chroma client: HttpClient on a server URL, else PersistentClient on a directory."""
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    chroma_settings = ChromaSettings(anonymized_telemetry=False)
+    if url:
+        from urllib.parse import urlparse
+
+        parsed = urlparse(url)
+        return chromadb.HttpClient(host=parsed.hostname or "localhost", port=parsed.port or 8000,
+                                   ssl=parsed.scheme == "https", settings=chroma_settings)
+    return chromadb.PersistentClient(path=path, settings=chroma_settings)
+
+
+def _close(client, lock: str | None) -> None:
+    try:
+        client.close()
+    finally:
+        if lock is not None:
+            store_lock.release(lock)
 
 
 def open_store(settings: Settings, model_id: str) -> ChromaStore:
     """Open the store the settings point at (server URL, else a directory under home)."""
     if settings.chroma_url:
-        return ChromaStore(model_id, url=settings.chroma_url)
+        return ChromaStore(model_id, url=settings.chroma_url, refresh_seconds=settings.chroma_refresh_seconds)
     settings.store_dir.mkdir(parents=True, exist_ok=True)
     return ChromaStore(model_id, path=str(settings.store_dir))

@@ -64,10 +64,12 @@ class VotingRetriever(Retriever):
 
     def refresh(self) -> None:
         """Reload the lexical index from the store, keeping only incidents that vote."""
+        state = self.kb.store.state()  # read first: a write during the scan forces another reload
         everything = self.kb.store.incidents()
         voters = [i for i in everything if VOTING_PROVENANCE.get(i.provenance.value, 0) > 0]
         self._corpus = _Corpus(voters, BM25([tokenize(i.document()) for i in voters]),
-                               {i.id: n for n, i in enumerate(voters)}, len(everything), self.kb.generation)
+                               {i.id: n for n, i in enumerate(voters)}, len(everything), self.kb.generation,
+                               state)
 
     def dense_candidates(self, vectors: np.ndarray, k: int = 5,
                          where: dict | None = None) -> list[dict[str, float]]:

@@ -63,6 +63,7 @@ def open_kb(build: bool = True, **overrides):
     """Open the knowledge base; build it from the bundled data when empty."""
     from kb.knowledge import KnowledgeBase
     from kb.store import StoreModelMismatch
+    from kb.store_lock import StoreLocked
     from kb.taxonomy import TaxonomyError
 
     knowledge = KnowledgeBase(settings(**overrides))
@@ -72,7 +73,7 @@ def open_kb(build: bool = True, **overrides):
             knowledge.ensure_built(log=echo_err)
         else:
             knowledge.store
-    except (TaxonomyError, StoreModelMismatch, ValueError) as exc:
+    except (TaxonomyError, StoreModelMismatch, StoreLocked, ValueError) as exc:
         fail(str(exc))
     return knowledge
 
@@ -428,7 +429,13 @@ _register_commands()
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    from kb.store_lock import StoreLocked
+
+    try:
+        app()
+    except StoreLocked as exc:  # a command that opened the store outside open_kb
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ def serve(
                                       help="Start without webhook secrets or API token (never in production)."),
 ) -> None:
     """Serve webhooks (POST /webhooks/github, /webhooks/jira) and POST /v1/annotate."""
+    from kb import store_lock
     from pmkb.cli import echo_err, fail, settings
     from pmkb.server import QUEUE_FILE, serve as run_server, startup_problems
 
@@ -29,9 +30,19 @@ def serve(
         fail(problems[-1])
     if insecure_dev:
         echo_err("warning: --insecure-dev: endpoints without a secret accept unauthenticated requests")
+    lock = None
+    if not cfg.chroma_url:  # an embedded store in use elsewhere: say so now rather than stay unready
+        try:
+            lock = store_lock.acquire(cfg.store_dir)
+        except store_lock.StoreLocked as exc:
+            fail(str(exc))
     echo_err(f"pmkb serve on http://{host}:{port} (queue {cfg.home / QUEUE_FILE}"
              + (f", dry run to {cfg.writeback_outbox})" if cfg.writeback_outbox else ")"))
-    run_server(cfg, host, port, insecure_dev)
+    try:
+        run_server(cfg, host, port, insecure_dev)
+    finally:
+        if lock is not None:
+            store_lock.release(lock)
 
 
 def register(app: typer.Typer) -> None:

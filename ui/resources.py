@@ -14,6 +14,7 @@ from kb.knowledge import KnowledgeBase
 from kb.llm_suggest import make_suggester
 from kb.settings import Settings, load_settings
 from kb.store import StoreModelMismatch
+from kb.store_lock import StoreLocked
 from kb.suggest import SuggestionEngine
 from kb.suggestion import Ticket
 from kb.taxonomy import TaxonomyError
@@ -98,7 +99,7 @@ def loaded() -> Loaded:
     try:
         settings = app_settings()
         return load_everything(settings, _settings_key(settings))
-    except (TaxonomyError, StoreModelMismatch, ValueError, ImportError, OSError) as exc:
+    except (TaxonomyError, StoreModelMismatch, StoreLocked, ValueError, ImportError, OSError) as exc:
         st.error(f"pmkb cannot start: {exc}")
         st.stop()
 
