@@ -24,8 +24,8 @@ from kb.redact import redact
 from kb.search import BM25, DENSE_WEIGHT, Retriever, SimilarIncident, _Corpus, tokenize
 from kb.suggestion import Candidate, EmptyTicket, Suggestion, Ticket, explain
 from kb.taxonomy import load_low_util_taxonomy
-from kb.textclf import (TextClassifier, load_classifiers, out_of_fold_log_proba, save_classifiers,
-                        training_fingerprint)
+from kb.textclf import (CACHE_FILE, TextClassifier, load_classifiers, out_of_fold_log_proba,
+                        save_classifiers, training_fingerprint)
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class SuggestionEngine:
     @property
     def classifier_cache_path(self):
         """Where the trained text classifiers of this knowledge base are cached."""
-        return self.settings.home / "text_classifiers.pkl"
+        return self.settings.home / CACHE_FILE
 
     def _label_sets(self) -> dict[str, list[str]]:
         """The labels each classifier chooses among, by incident field."""
