@@ -15,16 +15,14 @@ text), is readable by its owner alone, and finished events are purged after a re
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-log = logging.getLogger("pmkb.queue")
+from typing import Callable, Iterator
 
 STATUSES = ("queued", "claimed", "done", "skipped", "dead")
 FINISHED = ("done", "skipped")
@@ -138,6 +136,20 @@ class EventQueue:
             self._local.db = db
         return _Transaction(db)
 
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection for reading: one snapshot, without the write lock.
+
+        In WAL mode readers never block the writer, so the worker's checks do not hold up the
+        commit of an incoming webhook.
+        """
+        db = self._connect().db
+        db.execute("BEGIN DEFERRED")
+        try:
+            yield db
+        finally:
+            db.execute("COMMIT")
+
     def enqueue(self, source: str, delivery: str, ticket: str, payload: dict,
                 content_hash: str = "", version: float | None = None) -> tuple[int, bool]:
         """Store an event; returns (event id, True) or (the existing id, False) for a redelivery.
@@ -241,20 +253,20 @@ class EventQueue:
 
     def get(self, event_id: int) -> Event | None:
         """One event by id."""
-        with self._connect() as db:
+        with self._read() as db:
             row = db.execute("SELECT * FROM events WHERE id = ?", (event_id,)).fetchone()
         return _event(row) if row else None
 
     def events(self, status: str | None = None) -> list[Event]:
         """All events, or those in one status, oldest first."""
-        with self._connect() as db:
+        with self._read() as db:
             rows = db.execute("SELECT * FROM events" + (" WHERE status = ?" if status else "") + " ORDER BY id",
                               (status,) if status else ()).fetchall()
         return [_event(r) for r in rows]
 
     def last_done_hash(self, ticket: str) -> str | None:
         """Content hash of the text last applied to the ticket, to skip unchanged re-sends."""
-        with self._connect() as db:
+        with self._read() as db:
             row = db.execute("SELECT content_hash FROM tickets WHERE ticket = ?", (ticket,)).fetchone()
         return row["content_hash"] if row else None
 
@@ -262,7 +274,7 @@ class EventQueue:
         """True when a newer version of the ticket than this event's was already applied."""
         if event.version is None:
             return False
-        with self._connect() as db:
+        with self._read() as db:
             row = db.execute("SELECT version FROM tickets WHERE ticket = ?", (event.ticket,)).fetchone()
         return row is not None and row["version"] is not None and row["version"] > event.version
 
@@ -272,7 +284,7 @@ class EventQueue:
         Newer means a later ticket version when both events carry one, else a later arrival.
         """
         version = event.version if event.version is not None else float("-inf")
-        with self._connect() as db:
+        with self._read() as db:
             row = db.execute(
                 "SELECT 1 FROM events WHERE ticket = ? AND id != ? AND status IN ('queued', 'claimed', 'done') "
                 "AND (CASE WHEN version IS NULL OR ? IS NULL THEN id > ? "
@@ -282,7 +294,7 @@ class EventQueue:
 
     def counts(self) -> dict[str, int]:
         """Number of events in each status."""
-        with self._connect() as db:
+        with self._read() as db:
             rows = db.execute("SELECT status, COUNT(*) AS n FROM events GROUP BY status").fetchall()
         out = dict.fromkeys(STATUSES, 0)
         out.update({r["status"]: r["n"] for r in rows})
@@ -290,7 +302,7 @@ class EventQueue:
 
     def next_due_in(self) -> float | None:
         """Seconds until the next queued event is due (0 when one is due now), None when none is queued."""
-        with self._connect() as db:
+        with self._read() as db:
             row = db.execute("SELECT MIN(next_attempt_at) AS t FROM events WHERE status = 'queued'").fetchone()
         return None if row["t"] is None else max(0.0, row["t"] - self.clock())
 
