@@ -7,6 +7,7 @@ Sources, later ones winning: built-in defaults, an optional YAML config file
 from __future__ import annotations
 
 import os
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,8 +15,27 @@ import yaml
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-"""Bundled data: taxonomy, signatures and the bundled incident reports."""
+
+def bundled_dir(package: str) -> Path:
+    """The folder of a resource package installed with pmkb, found through ``importlib.resources``.
+
+    ``data/`` and ``prompts/`` are installed as the packages ``pmkb_data`` and ``pmkb_prompts``
+    (pyproject.toml maps them), so the same lookup works from a wheel and from an editable checkout.
+    """
+    try:
+        folder = files(package)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"{package} is not installed: install pmkb (in a checkout, "
+                                  "`pip install --no-deps -e .`)", name=package) from exc
+    if not isinstance(folder, Path):
+        raise RuntimeError(f"pmkb's {package} must be installed as files on disk, not inside an archive")
+    return folder
+
+
+DATA_DIR = bundled_dir("pmkb_data")
+"""Bundled data: taxonomy, signatures, calibration and the bundled incident reports."""
+PROMPTS_DIR = bundled_dir("pmkb_prompts")
+"""Bundled prompt templates."""
 
 
 def default_home() -> Path:

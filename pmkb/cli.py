@@ -9,30 +9,20 @@ from typing import Optional
 
 import typer
 
+from pmkb.options import add_shared_options, shared_options, state
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="pmkb: postmortem knowledge base and triage assistant for GPU clusters.")
-
-
-class State:
-    """Options shared by every command."""
-
-    kb: Optional[Path] = None
-    config: Optional[Path] = None
-    taxonomy: Optional[Path] = None
-
-
-state = State()
+_OPTIONS = shared_options()
 
 
 @app.callback()
 def main_options(
-    kb: Optional[Path] = typer.Option(None, "--kb", help="Knowledge-base directory (default: $PMKB_HOME "
-                                      "or ~/.local/share/pmkb)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML settings file (or $PMKB_CONFIG)."),
-    taxonomy: Optional[Path] = typer.Option(None, "--taxonomy", help="Taxonomy YAML to use instead of "
-                                            "the bundled one."),
+    kb: Optional[Path] = _OPTIONS["kb"],
+    config: Optional[Path] = _OPTIONS["config"],
+    taxonomy: Optional[Path] = _OPTIONS["taxonomy"],
 ) -> None:
-    """Global options."""
+    """Global options (every command takes them after its name too)."""
     # Everything pmkb writes (store, queue, caches, outputs) may hold ticket text: owner only.
     os.umask(0o077)
     state.kb, state.config, state.taxonomy = kb, config, taxonomy
@@ -425,16 +415,24 @@ def _register_commands() -> None:
 
 
 _register_commands()
+add_shared_options(app)
 
 
 def main() -> None:
     """Console-script entry point."""
     from kb.store_lock import StoreLocked
+    from pmkb.extras import missing_extra_hint
 
     try:
         app()
     except StoreLocked as exc:  # a command that opened the store outside open_kb
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # a library of an optional install (pmkb[serve], ...)
+        hint = missing_extra_hint(exc)
+        if hint is None:
+            raise
+        typer.echo(f"error: {hint}", err=True)
         sys.exit(2)
 
 

@@ -13,7 +13,19 @@ from kb.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
-DEV_INCIDENTS = SHARED / "data" / "dev_incidents.jsonl"
+"""Development files kept beside the repository (the labelled dev file, the reference taxonomy);
+a clone on its own has none of them, and the tests that need one skip."""
+LABELLED = ROOT / "tests" / "data" / "labelled_incidents.jsonl"
+"""Twenty labelled incidents written for the tests, for tests that need some labelled records."""
+
+
+def shared_file(relative: str) -> Path:
+    """A file under ../shared; skips the calling test, saying what is missing and where, when absent."""
+    path = SHARED / relative
+    if not path.is_file():
+        pytest.skip(f"{path} is not present: this test needs the development file shared/{relative} "
+                    f"beside the repository ({SHARED})")
+    return path
 
 
 @pytest.fixture(autouse=True)

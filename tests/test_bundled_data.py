@@ -12,7 +12,7 @@ import pytest
 from kb.knowledge import KnowledgeBase
 from kb.settings import Settings
 from kb.taxonomy import load_taxonomy
-from tests.conftest import DEV_INCIDENTS
+from tests.conftest import shared_file
 
 SHINGLE = 10  # words; a shared run this long is copied prose (error messages are shorter)
 MAX_SHARED_SHINGLES = 1
@@ -65,10 +65,10 @@ def test_shingle_check_catches_a_copied_ticket():
     assert not shingles(f"Job 1 on node a fails: {error}") & shingles(f"Since Monday every run logs {error}")
 
 
-@pytest.mark.skipif(not DEV_INCIDENTS.exists(), reason="labelled evaluation file not present")
 def test_no_bundled_report_copies_an_evaluation_ticket(bundled):
+    dev_file = shared_file("data/dev_incidents.jsonl")
     incidents, _ = bundled
-    dev = [json.loads(line) for line in DEV_INCIDENTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    dev = [json.loads(line) for line in dev_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     dev_titles = {" ".join(words(d["title"])) for d in dev}
     dev_shingles = [(d["id"], shingles(f"{d['title']} {d['description']} {d.get('resolution', '')}")) for d in dev]
     copied = []

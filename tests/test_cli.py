@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import DEV_INCIDENTS, ROOT
+from tests.conftest import LABELLED, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,10 @@ def test_help_is_instant_and_lists_commands():
 
 
 def test_ingest_twice_adds_nothing_the_second_time(tmp_path):
-    first = json.loads(pmkb("ingest", str(DEV_INCIDENTS), "--json", home=tmp_path).stdout)
-    total = sum(1 for line in DEV_INCIDENTS.read_text().splitlines() if line.strip())
+    first = json.loads(pmkb("ingest", str(LABELLED), "--json", home=tmp_path).stdout)
+    total = sum(1 for line in LABELLED.read_text().splitlines() if line.strip())
     assert first["added"] == total and first["failed"] == 0
-    second = json.loads(pmkb("ingest", str(DEV_INCIDENTS), "--json", home=tmp_path).stdout)
+    second = json.loads(pmkb("ingest", str(LABELLED), "--json", home=tmp_path).stdout)
     assert second["added"] == 0 and second["unchanged"] == total
     stats = json.loads(pmkb("stats", "--json", home=tmp_path).stdout)
     assert stats["incidents"] == total

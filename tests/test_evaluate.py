@@ -10,7 +10,7 @@ from kb.settings import Settings
 from kb.suggest import SuggestionEngine
 from kb.suggestion import Candidate, Suggestion, Ticket
 from kb.taxonomy import load_taxonomy
-from tests.conftest import DEV_INCIDENTS
+from tests.conftest import LABELLED
 
 
 def _pred(cause, dim, conf=0.9, abstained=False, symptom="job_crash"):
@@ -104,7 +104,7 @@ def test_load_cases_rejects_unlabelled(tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_and_kfold_on_labelled_tickets(shared_bundled_kb, tmp_path):
-    cases = load_cases(DEV_INCIDENTS)[:20]
+    cases = load_cases(LABELLED)
     result = evaluate(SuggestionEngine(shared_bundled_kb), cases)
     figures = result["figures"]
     assert figures["n"] == 20 and all(0 <= figures[k] <= 1 for k in ("top1", "top3", "macro_f1", "ece"))

@@ -1,4 +1,4 @@
-"""The bundled taxonomy holds exactly the shared label space; broken files fail clearly."""
+"""The bundled taxonomy holds exactly the reference label space; broken files fail clearly."""
 
 import re
 
@@ -7,11 +7,11 @@ import yaml
 
 from kb.settings import DATA_DIR
 from kb.taxonomy import TaxonomyError, load_low_util_taxonomy, load_taxonomy, parse_taxonomy
-from tests.conftest import SHARED
+from tests.conftest import shared_file
 
 
 def _reference_ids():
-    text = (SHARED / "taxonomy.md").read_text()
+    text = shared_file("taxonomy.md").read_text()
     sections = re.split(r"^## ", text, flags=re.M)
     pick = lambda title: next(s for s in sections if s.startswith(title))
     symptoms = re.findall(r"^\| (\w+) \| ", pick("Symptoms"), flags=re.M)

@@ -1,0 +1,1 @@
+"""pmkb's bundled data, installed as the package ``pmkb_data``: taxonomy, signatures, calibration, incidents."""
