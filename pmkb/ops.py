@@ -87,24 +87,31 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await self._reject(scope, receive, send, 413, "too_large", f"request body over {self.limit} bytes")
-        chunks, size = [], 0
-        deadline = asyncio.get_running_loop().time() + self.read_timeout
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
-            except asyncio.TimeoutError:
-                return await self._reject(scope, receive, send, 408, "read_timeout",
-                                          f"request body not received within {self.read_timeout:g} s")
-            if message["type"] == "http.disconnect":
-                log.info("client disconnected before sending the whole body", extra={"path": scope["path"]})
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                return await self._reject(scope, receive, send, 413, "too_large",
-                                          f"request body over {self.limit} bytes")
-            if not message.get("more_body"):
-                break
+        chunks, size, outcome = [], 0, None
+        try:
+            # One deadline for the whole body; asyncio.timeout adds no task per message, so the
+            # common one-message body costs no extra turn of the event loop.
+            async with asyncio.timeout(self.read_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        outcome = "disconnect"
+                        break
+                    chunks.append(message.get("body", b""))
+                    size += len(chunks[-1])
+                    if size > self.limit:
+                        outcome = "too_large"
+                        break
+                    if not message.get("more_body"):
+                        break
+        except TimeoutError:
+            return await self._reject(scope, receive, send, 408, "read_timeout",
+                                      f"request body not received within {self.read_timeout:g} s")
+        if outcome == "disconnect":
+            log.info("client disconnected before sending the whole body", extra={"path": scope["path"]})
+            return
+        if outcome == "too_large":
+            return await self._reject(scope, receive, send, 413, "too_large", f"request body over {self.limit} bytes")
         replayed = False
 
         async def replay():
