@@ -401,7 +401,7 @@ def build() -> None:
     typer.echo(f"knowledge base ready: {knowledge.store.count()} incidents in {knowledge.store.location}")
 
 
-COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.queue_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd")
+COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.queue_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd", "pmkb.mcp_cmd")
 """Modules that add commands to the app through a ``register(app)`` function."""
 
 

@@ -1,8 +1,9 @@
 """Which optional install (pyproject's extras) brings a library the core install leaves out.
 
 ``pip install pmkb`` gives the engine and the command line; ``pmkb serve`` needs ``pmkb[serve]``,
-the LLM backends ``pmkb[openai]`` or ``pmkb[llamacpp]``. A command that reaches for a library of
-an extra that is not installed says which one to install instead of printing a traceback.
+``pmkb mcp`` needs ``pmkb[mcp]``, the LLM backends ``pmkb[openai]`` or ``pmkb[llamacpp]``. A command
+that reaches for a library of an extra that is not installed says which one to install instead of
+printing a traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ EXTRA_FOR_MODULE = {
     "langchain_openai": "openai",
     "openai": "openai",
     "llama_cpp": "llamacpp",
+    "mcp": "mcp",
 }
 """Top-level module -> the extra of pyproject.toml that installs it."""
 

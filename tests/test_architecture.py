@@ -3,7 +3,7 @@
 import ast
 from pathlib import Path
 
-FORBIDDEN = {"streamlit", "fastapi", "typer", "click", "uvicorn", "starlette", "pmkb"}
+FORBIDDEN = {"streamlit", "fastapi", "typer", "click", "uvicorn", "starlette", "mcp", "pmkb"}
 KB = Path(__file__).resolve().parent.parent / "kb"
 
 
