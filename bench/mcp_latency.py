@@ -6,10 +6,12 @@ Three paths answer the same tickets (bundled incident texts, every 75th), each o
 the knowledge base (the embedded store admits one process at a time): the engine in this process
 (the suggester every shell gets), as the baseline; ``pmkb mcp`` as a subprocess over stdio; and
 ``pmkb mcp --http`` with a bearer token. All three are warm before timing starts: each answers
-every ticket once untimed (the servers' first call waits for their engine to load, and the first
-pass over new tickets is several times slower in every path). Then each ticket goes through the
+every ticket once untimed (the servers' first call waits for their engine to load; first calls
+fill caches). Then each ticket goes through the
 three paths in turn, a different one first each time, so a machine busy with other work slows
-them alike. The timed
+them alike. The three processes run with OMP_WAIT_POLICY=PASSIVE: taking turns on a few cores, the
+OpenMP workers of the process that just answered would otherwise spin on while the next one works
+(that inflated every p50 three- to sixfold on two cores); a lone server never meets that. The timed
 span of an MCP call is the client's ``call_tool`` round trip: argument validation, JSON both ways
 and the transport. The ratio is a path's p50 over the in-process p50. Without --kb, a knowledge
 base is built from the bundled incidents first (minutes on two cores).
@@ -31,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, here and in the servers
 
 import anyio  # noqa: E402
 
