@@ -21,6 +21,7 @@ LABELLED = ROOT / "tests" / "data" / "labelled_incidents.jsonl"
 
 def shared_file(relative: str) -> Path:
     """A file under ../shared; skips the calling test, saying what is missing and where, when absent."""
+    __tracebackhide__ = True  # the skip is reported at the test's line, not here
     path = SHARED / relative
     if not path.is_file():
         pytest.skip(f"{path} is not present: this test needs the development file shared/{relative} "

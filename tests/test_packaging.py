@@ -29,7 +29,7 @@ CORE_CODE = ["kb/*.py", "ingest/*.py", "pmkb/cli.py", "pmkb/options.py", "pmkb/e
 """What `pmkb build` and `pmkb suggest` load: kb/, ingest/ and the command line with every
 command module it registers at start-up."""
 EXTRA_CODE = {"serve": ["pmkb/server.py", "pmkb/ops.py", "pmkb/payloads.py", "pmkb/api_models.py"],
-              "app": ["app.py", "ui/*.py"]}
+              "app": ["app.py", "ui/*.py"], "mcp": ["pmkb/mcp_server.py"]}
 """The shells that need an extra: their module-level imports are covered by core + that extra."""
 ALL_CODE = ["kb/*.py", "ingest/*.py", "pmkb/*.py", "ui/*.py", "app.py"]
 
