@@ -4,6 +4,7 @@ imports, its data travels inside it, and (slow) its wheel runs in a clean virtua
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import shutil
@@ -120,15 +121,26 @@ def test_each_extra_covers_its_shell(extra):
     assert _uncovered(EXTRA_CODE[extra], ["core", extra], module_level=True) == {}
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported here; which distribution gives a module is known only then."""
+    return importlib.util.find_spec(module) is not None
+
+
 def test_every_library_the_code_imports_comes_with_some_install():
-    missing = _uncovered(ALL_CODE, list(pins_by_group()), module_level=False)
-    assert missing == {}, "pin these in requirements*.txt and in pyproject.toml (dependencies or an extra)"
+    # A library of an extra this environment lacks (`make test-fast` leaves out llama-cpp-python)
+    # cannot be traced to its distribution; `make test` installs every extra and checks it.
+    missing = {path: {name for name in names if installed(name)}
+               for path, names in _uncovered(ALL_CODE, list(pins_by_group()), module_level=False).items()}
+    assert {path: names for path, names in missing.items() if names} == {}, \
+        "pin these in requirements*.txt and in pyproject.toml (dependencies or an extra)"
 
 
 def test_the_missing_extra_hints_name_real_extras():
     core = provided_modules(["core"])
     for module, extra in EXTRA_FOR_MODULE.items():
-        assert module in provided_modules(["core", extra]) - core, module
+        assert extra in pins_by_group(), extra
+        if installed(module):
+            assert module in provided_modules(["core", extra]) - core, module
 
 
 def test_bundled_files_are_found_through_importlib_resources():
