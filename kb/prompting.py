@@ -21,8 +21,7 @@ from pathlib import Path
 
 import jinja2
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
-"""Bundled prompt templates."""
+from kb.settings import PROMPTS_DIR  # the bundled templates, found through importlib.resources
 
 DELIMITERS = ("ticket", "context", "incident", "question", "history", "evidence", "candidates",
               "instructions", "system")
