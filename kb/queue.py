@@ -118,6 +118,7 @@ class EventQueue:
         self.retry_budget = retry_budget
         self.clock = clock
         self._local = threading.local()
+        self._writer = _writer_lock(self.path)
         create_private_file(self.path)
         db = self._connect().db
         db.executescript(_SCHEMA)
@@ -134,7 +135,7 @@ class EventQueue:
             # FULL: a commit is on disk before the 202 goes out, even if the machine loses power.
             db.execute("PRAGMA synchronous=FULL")
             self._local.db = db
-        return _Transaction(db)
+        return _Transaction(db, self._writer)
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -323,15 +324,41 @@ def create_private_file(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
+_WRITER_LOCKS: dict[Path, threading.Lock] = {}
+_WRITER_LOCKS_GUARD = threading.Lock()
+
+
+def _writer_lock(path: Path) -> threading.Lock:
+    """The lock the threads of this process take to write the queue at ``path``.
+
+    SQLite lets one writer in at a time and makes the others sleep and retry (its busy handler
+    sleeps up to 100 ms a try); waiting on a lock instead hands the write lock over as soon as it
+    is free, so an incoming webhook is not held up by the worker's commit for longer than that
+    commit takes. Other processes still wait on SQLite's own lock.
+    """
+    key = path.resolve()
+    with _WRITER_LOCKS_GUARD:
+        return _WRITER_LOCKS.setdefault(key, threading.Lock())
+
+
 class _Transaction:
     """``with`` block that runs its statements in one IMMEDIATE transaction on a thread's connection."""
 
-    def __init__(self, db: sqlite3.Connection):
+    def __init__(self, db: sqlite3.Connection, lock: threading.Lock):
         self.db = db
+        self.lock = lock
 
     def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
+        self.lock.acquire()
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.lock.release()
+            raise
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.lock.release()
