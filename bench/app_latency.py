@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 def bundled_tickets(n: int) -> list[dict]:
     """n tickets (title, description) spread over the bundled incident files."""
-    from kb.settings import Settings
+    from kb.core.settings import Settings
 
     rows = []
     for file in sorted(Path(Settings().bundled_incidents).glob("*.jsonl")):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def make_tickets(path: Path, n: int, offset: int = 0) -> list[str]:
     """Write n tickets (JSONL, no labels) made from the bundled incidents; returns their texts."""
-    from kb.settings import Settings
+    from kb.core.settings import Settings
 
     base = []
     for file in sorted(Path(Settings().bundled_incidents).glob("*.jsonl")):
@@ -57,10 +57,11 @@ def child_throughput(n: int, batch_size: int, work: Path, rounds: int) -> dict:
     own output), alternating which goes first (ABBA), so a change in machine load hits both sides.
     Wall-clock and process CPU time (all threads) are summed for each side.
     """
-    from kb.backfill import BackfillOptions, backfill_engine, run_backfill
-    from kb.knowledge import KnowledgeBase
-    from kb.settings import Settings
-    from kb.suggestion import Ticket
+    from ingest import read_paths
+    from kb.core.settings import Settings
+    from kb.core.suggestion import Ticket
+    from kb.engine.knowledge import KnowledgeBase
+    from kb.jobs.backfill import BackfillOptions, backfill_engine, run_backfill
 
     kb = KnowledgeBase(Settings(home=work / "kb", embedding_device="cpu"))
     kb.ensure_built()
@@ -90,7 +91,7 @@ def child_throughput(n: int, batch_size: int, work: Path, rounds: int) -> dict:
 
     def backfill(r: int, source: Path) -> int:
         options = BackfillOptions(out=work / f"out-{r}.jsonl", batch_size=batch_size)
-        return run_backfill(engine, [source], options).annotated
+        return run_backfill(engine, read_paths([source]), options).annotated
 
     for r, (source, texts) in enumerate(parts):
         order = [("raw", lambda: raw(texts)), ("backfill", lambda: backfill(r, source))]
@@ -105,9 +106,10 @@ def child_throughput(n: int, batch_size: int, work: Path, rounds: int) -> dict:
 
 def child_memory(n: int, batch_size: int, work: Path, embedder: str) -> dict:
     """Part 2, in a child process: one backfill of n tickets; peak memory."""
-    from kb.backfill import BackfillOptions, backfill_engine, run_backfill
-    from kb.knowledge import KnowledgeBase
-    from kb.settings import Settings
+    from ingest import read_paths
+    from kb.core.settings import Settings
+    from kb.engine.knowledge import KnowledgeBase
+    from kb.jobs.backfill import BackfillOptions, backfill_engine, run_backfill
 
     kb = KnowledgeBase(Settings(home=work / "kb", embedder=embedder, embedding_device="cpu"))
     kb.ensure_built()
@@ -117,7 +119,7 @@ def child_memory(n: int, batch_size: int, work: Path, embedder: str) -> dict:
     before = peak_rss_mib()
     out = work / "out.jsonl"
     started = time.perf_counter()
-    result = run_backfill(engine, [source], BackfillOptions(out=out, batch_size=batch_size),
+    result = run_backfill(engine, read_paths([source]), BackfillOptions(out=out, batch_size=batch_size),
                           report=work / "out.report.md")
     seconds = time.perf_counter() - started
     return {"n": n, "model": kb.embedder.model_id, "annotated": result.annotated, "seconds": seconds,

@@ -33,8 +33,8 @@ def _time_process(args: list[str], repeat: int) -> float:
 
 def main() -> None:
     """Run both measurements and print a table."""
-    from kb.knowledge import KnowledgeBase
-    from kb.settings import Settings
+    from kb.core.settings import Settings
+    from kb.engine.knowledge import KnowledgeBase
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=0, help="use only the first N bundled incidents")

@@ -63,8 +63,8 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def build(home: Path) -> None:
     """Build a knowledge base from the bundled incidents."""
-    from kb.knowledge import KnowledgeBase
-    from kb.settings import Settings
+    from kb.core.settings import Settings
+    from kb.engine.knowledge import KnowledgeBase
 
     kb = KnowledgeBase(Settings(home=home, embedding_device="cpu"))
     kb.ensure_built(log=lambda line: print(line, file=sys.stderr))
@@ -73,10 +73,10 @@ def build(home: Path) -> None:
 
 def in_process_suggester(home: Path):
     """The suggester every shell gets, over the knowledge base at ``home``, in this process."""
-    from kb.knowledge import KnowledgeBase
-    from kb.llm_suggest import make_suggester
-    from kb.settings import Settings
-    from kb.suggest import SuggestionEngine
+    from kb.core.settings import Settings
+    from kb.engine.knowledge import KnowledgeBase
+    from kb.engine.suggest import SuggestionEngine
+    from kb.llm.suggester import make_suggester
 
     return make_suggester(SuggestionEngine(KnowledgeBase(Settings(home=home, embedding_device="cpu"))))
 
@@ -111,7 +111,7 @@ async def measure(homes: list[Path], url: str, batch: list[dict], logs: Path) ->
     from mcp import ClientSession, StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
 
-    from kb.suggestion import Ticket
+    from kb.core.suggestion import Ticket
 
     suggester = in_process_suggester(homes[0])
     params = StdioServerParameters(command=sys.executable, args=["-m", "kb", "--kb", str(homes[1]), "mcp"],

@@ -2,7 +2,7 @@
 
     python bench/redaction.py [--size BYTES] [--skip-before]
 
-Compares the current ``kb/redact.py`` with the module as it was at commit 559435e (loaded from
+Compares the current ``kb/core/redact.py`` with the module as it was at commit 559435e (loaded from
 git into a temporary module), on the same inputs:
 
 1. Time: each worst-case input of ``tests/data/redaction_worst.jsonl`` at ``--size`` characters
@@ -35,8 +35,8 @@ Redact = Callable[[str], str]
 
 
 def load_baseline(commit: str = BASELINE) -> Redact:
-    """``redact`` of ``kb/redact.py`` as it was at ``commit``."""
-    source = subprocess.run(["git", "show", f"{commit}:kb/redact.py"], cwd=ROOT, check=True,
+    """``redact`` of ``kb/core/redact.py`` as it was at ``commit``."""
+    source = subprocess.run(["git", "show", f"{commit}:kb/core/redact.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "redact_baseline.py"
@@ -106,7 +106,7 @@ def _ms(value: float | None) -> str:
 
 def main() -> None:
     """Measure both modules and print the tables."""
-    from kb.redact import redact
+    from kb.core.redact import redact
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=64 * 1024, help="characters per timed input")

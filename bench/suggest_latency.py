@@ -38,9 +38,9 @@ def build(home: Path, incidents, embedder, calibration=None, copies=()) -> "obje
     """A knowledge base holding the incidents (and noisy copies), and its engine."""
     import numpy as np
 
-    from kb.knowledge import KnowledgeBase
-    from kb.settings import Settings
-    from kb.suggest import SuggestionEngine
+    from kb.core.settings import Settings
+    from kb.engine.knowledge import KnowledgeBase
+    from kb.engine.suggest import SuggestionEngine
 
     kb = KnowledgeBase(Settings(home=home), embedder=embedder)
     kb.sync_taxonomy()
@@ -73,9 +73,9 @@ def p50(engine, tickets) -> float:
 
 def main() -> None:
     """Build both stores, time the suggestions, print a table."""
-    from kb.embedding import SentenceTransformerEmbedder
-    from kb.settings import Settings
-    from kb.suggestion import Ticket
+    from kb.core.settings import Settings
+    from kb.core.suggestion import Ticket
+    from kb.engine.embedding import SentenceTransformerEmbedder
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tickets", type=int, default=100)
@@ -84,7 +84,7 @@ def main() -> None:
     embedder = SentenceTransformerEmbedder(Settings().embedding_model)
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        from kb.knowledge import KnowledgeBase
+        from kb.engine.knowledge import KnowledgeBase
 
         bundled = KnowledgeBase(Settings(home=Path(tmp) / "probe"), embedder=embedder).bundled_incidents()
         tickets = [Ticket(id=i.id, title=i.title, description=i.description)

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
-from kb.knowledge import KnowledgeBase  # noqa: E402
-from kb.settings import Settings, load_settings  # noqa: E402
-from kb.suggest import SuggestionEngine  # noqa: E402
+from kb.core.settings import Settings, load_settings  # noqa: E402
+from kb.engine.knowledge import KnowledgeBase  # noqa: E402
+from kb.engine.suggest import SuggestionEngine  # noqa: E402
 from pmkb.server import create_app  # noqa: E402
 
 SECRET, TOKEN = "bench-secret", "bench-token"

@@ -6,45 +6,12 @@ or an ``IngestError`` naming the file and line (or record) and what is wrong wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from kb.incidents import Incident
-from kb.redact import redact
+from kb.core.records import IngestError, IngestWarning, Parsed
 
-
-@dataclass
-class IngestError:
-    """A record that could not be read; ingest reports it and goes on.
-
-    The message often quotes the bad record (a snippet, its id, a parser's context line), so it is
-    redacted like the record itself would have been.
-    """
-
-    file: str
-    where: str  # "line 12", "record 3", "row 7"
-    message: str
-
-    def __post_init__(self) -> None:
-        self.message = redact(self.message)
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.where}: {self.message}"
-
-
-@dataclass
-class IngestWarning:
-    """Something the user should know that does not lose the record (e.g. a Latin-1 file)."""
-
-    file: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.message}"
-
-
-Parsed = Incident | IngestError | IngestWarning
+__all__ = ["IngestError", "IngestWarning", "Parsed", "read_paths"]
 
 
 def read_paths(paths: list[Path], csv_mapping: dict[str, str] | None = None) -> Iterator[Parsed]:

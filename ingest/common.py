@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import ValidationError
 
-from kb.incidents import Incident, trim_middle
-from kb.redact import redact
+from kb.core.incidents import Incident, trim_middle
+from kb.core.redact import redact
 
 ALIASES = {
     "id": ("id", "key", "issue_key", "number", "ticket", "ticket_id"),
@@ -22,27 +20,6 @@ ALIASES = {
     "tags": ("tags", "labels"),
     "provenance": ("provenance",),
 }
-
-
-def decode_bytes(raw: bytes) -> tuple[str, str | None]:
-    """Decode a file's bytes: UTF-8 (BOM allowed), else Windows-1252/Latin-1 with a warning."""
-    try:
-        return raw.decode("utf-8-sig"), None
-    except UnicodeDecodeError as exc:
-        where = f"byte {exc.start}"
-    for encoding in ("cp1252", "latin-1"):
-        try:
-            text = raw.decode(encoding)
-        except UnicodeDecodeError:
-            continue
-        return text, (f"not valid UTF-8 (first bad {where}); read as {encoding}. "
-                      "Re-save the file as UTF-8 to silence this warning.")
-    raise AssertionError("latin-1 decodes every byte string")
-
-
-def read_text(path: Path) -> tuple[str, str | None]:
-    """Read a file as text, tolerating non-UTF-8 encodings (see decode_bytes)."""
-    return decode_bytes(Path(path).read_bytes())
 
 
 def _pick(record: dict, names: tuple[str, ...]):

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ingest import IngestError, IngestWarning, Parsed
-from ingest.common import read_text, record_to_incident
+from ingest.common import record_to_incident
+from kb.core.records import read_text
 
 JIRA_COLUMNS = {
     "id": "Issue key",

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Iterator
 
 from ingest import IngestError, IngestWarning, Parsed
-from ingest.common import read_text, record_to_incident
-from kb.redact import redact
+from ingest.common import record_to_incident
+from kb.core.records import read_text
+from kb.core.redact import redact
 
 
 def read_jsonl(path: Path) -> Iterator[Parsed]:

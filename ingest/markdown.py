@@ -9,7 +9,8 @@ from typing import Iterator
 import yaml
 
 from ingest import IngestError, IngestWarning, Parsed
-from ingest.common import read_text, record_to_incident
+from ingest.common import record_to_incident
+from kb.core.records import read_text
 
 _RESOLUTION_HEADINGS = re.compile(
     r"^(resolution|fix|remediation|mitigation|root cause( analysis)?|what we did|action items|follow[- ]?ups?)\b",

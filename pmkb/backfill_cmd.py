@@ -1,4 +1,4 @@
-"""``pmkb backfill``: annotate many old tickets, resumably (a thin shell over kb.backfill)."""
+"""``pmkb backfill``: annotate many old tickets, resumably (a thin shell over kb.jobs.backfill)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,15 @@ def backfill(
     """
     from tqdm import tqdm
 
+    from ingest import IngestWarning, read_paths
     from ingest.csv_export import parse_mapping
-    from kb.backfill import (BackfillError, BackfillOptions, backfill_engine, count_records, run_backfill,
-                             sidecar)
+    from kb.jobs.backfill import (
+        BackfillError,
+        BackfillOptions,
+        backfill_engine,
+        run_backfill,
+        sidecar,
+    )
     from pmkb.cli import echo_err, fail, open_kb
 
     missing = [str(p) for p in inputs if not p.exists()]
@@ -50,18 +56,20 @@ def backfill(
         fail(str(exc))
     options = BackfillOptions(out=out, batch_size=batch_size, concurrency=concurrency,
                               max_errors=None if max_errors < 0 else max_errors, write_back=write_back,
-                              outbox=dry_run, csv_mapping=mapping or None)
+                              outbox=dry_run)
     report_path = None if no_report else (report or sidecar(out, "report.md"))
     knowledge = open_kb()
-    from kb.suggest import SuggestionEngine
+    from kb.engine.suggest import SuggestionEngine
 
     if not SuggestionEngine(knowledge).calibration_path.exists():
         echo_err("fitting the classifier on the knowledge base (once) ...")
     engine = backfill_engine(knowledge)
-    with tqdm(total=count_records(inputs, options.csv_mapping), unit="ticket", desc="backfill", file=sys.stderr,
+    # A quick first pass counts the records (good or bad), for the progress bar.
+    total = sum(1 for item in read_paths(inputs, mapping or None) if not isinstance(item, IngestWarning))
+    with tqdm(total=total, unit="ticket", desc="backfill", file=sys.stderr,
               smoothing=0.05, mininterval=0.5) as bar:
         try:
-            result = run_backfill(engine, inputs, options, report=report_path,
+            result = run_backfill(engine, read_paths(inputs, mapping or None), options, report=report_path,
                                   log=lambda line: bar.write(line, file=sys.stderr), progress=bar.update)
         except BackfillError as exc:
             fail(str(exc))

@@ -30,7 +30,7 @@ def main_options(
 
 def settings(**overrides):
     """Settings from defaults, config file, environment and the global options."""
-    from kb.settings import load_settings
+    from kb.core.settings import load_settings
 
     try:
         return load_settings(state.config, home=state.kb, taxonomy=state.taxonomy, **overrides)
@@ -51,10 +51,10 @@ def echo_err(message: str) -> None:
 
 def open_kb(build: bool = True, **overrides):
     """Open the knowledge base; build it from the bundled data when empty."""
-    from kb.knowledge import KnowledgeBase
-    from kb.store import StoreModelMismatch
-    from kb.store_lock import StoreLocked
-    from kb.taxonomy import TaxonomyError
+    from kb.core.taxonomy import TaxonomyError
+    from kb.engine.knowledge import KnowledgeBase
+    from kb.engine.store import StoreModelMismatch
+    from kb.engine.store_lock import StoreLocked
 
     knowledge = KnowledgeBase(settings(**overrides))
     try:
@@ -80,7 +80,7 @@ def ingest(
 
     from ingest import IngestError, IngestWarning, read_paths
     from ingest.csv_export import parse_mapping
-    from kb.knowledge import dump_json
+    from kb.engine.knowledge import dump_json
 
     try:
         mapping = parse_mapping(csv_map)
@@ -132,8 +132,8 @@ def search(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Nearest past incidents to a query, with scores (hybrid BM25 + dense)."""
-    from kb.knowledge import dump_json
-    from kb.search import Retriever
+    from kb.engine.knowledge import dump_json
+    from kb.engine.search import Retriever
 
     knowledge = open_kb()
     where = {k_: v for k_, v in (("root_cause", root_cause), ("symptom", symptom)) if v}
@@ -156,8 +156,8 @@ def node(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Earlier incidents of this cluster that name a node (the bundled seed reports never count)."""
-    from kb.history import node_history, node_index
-    from kb.knowledge import dump_json
+    from kb.engine.history import node_history, node_index
+    from kb.engine.knowledge import dump_json
 
     history = node_history(node_index(open_kb(build=False).store.incidents()), name, shown=limit)
     if json_out:
@@ -177,8 +177,8 @@ def node(
 @app.command()
 def taxonomy(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show the taxonomy in use: symptoms, root causes by dimension, mitigations."""
-    from kb.knowledge import dump_json
-    from kb.taxonomy import TaxonomyError, load_taxonomy
+    from kb.core.taxonomy import TaxonomyError, load_taxonomy
+    from kb.engine.knowledge import dump_json
 
     cfg = settings()
     try:
@@ -206,7 +206,7 @@ def taxonomy(json_out: bool = typer.Option(False, "--json", help="Print JSON."))
 @app.command()
 def stats(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Counts of stored incidents by symptom, root cause, dimension and provenance."""
-    from kb.knowledge import dump_json
+    from kb.engine.knowledge import dump_json
 
     data = open_kb().stats()
     if json_out:
@@ -221,7 +221,7 @@ def stats(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
 
 def open_engine(**overrides):
     """The suggestion engine over the (built) knowledge base."""
-    from kb.suggest import SuggestionEngine
+    from kb.engine.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb(**overrides))
     if not engine.calibration_path.exists() and not engine.settings.default_calibration.exists():
@@ -246,7 +246,7 @@ def read_ticket_text(text: Optional[str], file: Optional[Path], title: str) -> s
 
 def check_llm(llm: Optional[str]) -> Optional[str]:
     """Validate a --llm value against the backends."""
-    from kb.llm import GENERATORS
+    from kb.llm.backends import GENERATORS
 
     if llm is not None and llm not in GENERATORS:
         fail(f"LLM backend {llm!r} is not supported. Available: {', '.join(GENERATORS)}")
@@ -255,7 +255,7 @@ def check_llm(llm: Optional[str]) -> Optional[str]:
 
 def render_card(s) -> str:
     """A readable suggestion card for the terminal."""
-    from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
+    from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 
     lines = []
     verdict = "NOT SURE" if s.abstained else "root cause"
@@ -293,8 +293,8 @@ def suggest(
                                       "(overrides PMKB_LLM)."),
 ) -> None:
     """Suggest symptom, root cause, mitigation and similar incidents for one ticket."""
-    from kb.llm_suggest import make_suggester
-    from kb.suggestion import EmptyTicket, Ticket
+    from kb.core.suggestion import EmptyTicket, Ticket
+    from kb.llm.suggester import make_suggester
 
     text = read_ticket_text(text, file, title)
     suggester = make_suggester(open_engine(llm=check_llm(llm)))
@@ -315,8 +315,8 @@ def annotate(
     """Annotate a JSONL file of tickets."""
     from tqdm import tqdm
 
-    from kb.annotate import annotate_file
-    from kb.llm_suggest import make_suggester
+    from kb.jobs.annotate import annotate_file
+    from kb.llm.suggester import make_suggester
 
     if not input.exists():
         fail(f"no such file: {input}")
@@ -346,8 +346,8 @@ def eval_cmd(
     """
     from tqdm import tqdm
 
-    from kb.evaluate import evaluate, evaluate_kfold, format_report, load_cases
-    from kb.knowledge import dump_json
+    from kb.engine.knowledge import dump_json
+    from kb.jobs.evaluate import evaluate, evaluate_kfold, format_report, load_cases
 
     try:
         cases = load_cases(labelled)
@@ -360,8 +360,8 @@ def eval_cmd(
                                      f"({engine.kb.store.count()} incidents)"))
     results = {"knowledge_base": result}
     if engine.settings.llm != "none":
-        from kb.evaluate import format_side_by_side
-        from kb.llm_suggest import make_suggester
+        from kb.jobs.evaluate import format_side_by_side
+        from kb.llm.suggester import make_suggester
 
         with tqdm(total=len(cases), unit="ticket", desc=f"eval --llm {engine.settings.llm}",
                   file=sys.stderr) as bar:
@@ -385,7 +385,7 @@ def calibrate(
                                        "knowledge base (e.g. data/calibration.json)."),
 ) -> None:
     """Refit the classifier weights on the knowledge base (after adding many incidents)."""
-    from kb.suggest import SuggestionEngine
+    from kb.engine.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb())
     cal = engine.fit_calibration(save=out is None)
@@ -420,7 +420,7 @@ add_shared_options(app)
 
 def main() -> None:
     """Console-script entry point."""
-    from kb.store_lock import StoreLocked
+    from kb.engine.store_lock import StoreLocked
     from pmkb.extras import missing_extra_hint
 
     try:

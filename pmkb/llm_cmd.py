@@ -24,10 +24,17 @@ def chat(
                                            "http://127.0.0.1:8000/v1 (default $PMKB_LLM_BASE_URL)."),
 ) -> None:
     """Suggest for one ticket, then answer follow-up questions about it (streamed when a model is set)."""
-    from kb.chat import answer_followup
-    from kb.llm_suggest import make_suggester
-    from kb.suggestion import EmptyTicket, Ticket
-    from pmkb.cli import check_llm, echo_err, fail, open_engine, read_ticket_text, render_card
+    from kb.core.suggestion import EmptyTicket, Ticket
+    from kb.llm.chat import answer_followup
+    from kb.llm.suggester import make_suggester
+    from pmkb.cli import (
+        check_llm,
+        echo_err,
+        fail,
+        open_engine,
+        read_ticket_text,
+        render_card,
+    )
 
     text = read_ticket_text(text, file, title)
     engine = open_engine(llm=check_llm(llm), llm_model=model, llm_base_url=base_url)

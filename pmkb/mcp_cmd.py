@@ -24,7 +24,7 @@ def mcp(
 
     Progress and logs go to stderr (docs/mcp.md).
     """
-    from kb import store_lock
+    from kb.engine import store_lock
     from pmkb.cli import check_llm, echo_err, fail, settings
 
     cfg = settings(llm=check_llm(llm))

@@ -29,12 +29,12 @@ from mcp.types import ToolAnnotations
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from kb.history import NodeHistory, node_history, node_index
-from kb.redact import redact
-from kb.search import Retriever, SimilarIncident
-from kb.settings import Settings
-from kb.suggestion import EmptyTicket, Suggestion, Ticket
-from kb.taxonomy import Taxonomy, load_taxonomy
+from kb.core.redact import redact
+from kb.core.settings import Settings
+from kb.core.suggestion import EmptyTicket, NodeHistory, SimilarIncident, Suggestion, Ticket
+from kb.core.taxonomy import Taxonomy, load_taxonomy
+from kb.engine.history import node_history, node_index
+from kb.engine.search import Retriever
 
 log = logging.getLogger("pmkb.mcp")
 
@@ -92,7 +92,7 @@ def same_secret(expected: str, given: str | None) -> bool:
 class _Loaded:
     """Everything the tools need from the engine, built whole before anyone sees it."""
 
-    engine: object  # kb.suggest.SuggestionEngine
+    engine: object  # kb.engine.suggest.SuggestionEngine
     suggester: object  # what make_suggester returned: the engine, or the LLM-assisted suggester
     retriever: Retriever  # all stored incidents, like `pmkb search`
 
@@ -141,9 +141,9 @@ class KnowledgeTools:
             self._ready.set()
 
     def _build(self) -> _Loaded:
-        from kb.knowledge import KnowledgeBase
-        from kb.llm_suggest import make_suggester
-        from kb.suggest import SuggestionEngine
+        from kb.engine.knowledge import KnowledgeBase
+        from kb.engine.suggest import SuggestionEngine
+        from kb.llm.suggester import make_suggester
 
         log.info("loading the knowledge base at %s", self.settings.home)
         engine = self._engine or SuggestionEngine(KnowledgeBase(self.settings))

@@ -43,7 +43,13 @@ class Metrics:
     """Prometheus metrics of one app (its own registry, so several apps can live in one process)."""
 
     def __init__(self):
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import (
+            CONTENT_TYPE_LATEST,
+            CollectorRegistry,
+            Counter,
+            Gauge,
+            Histogram,
+        )
 
         self.registry = registry = CollectorRegistry()
         self.content_type = CONTENT_TYPE_LATEST

@@ -16,7 +16,7 @@ queue_app = typer.Typer(no_args_is_help=True, help="Inspect the webhook event qu
 
 
 def _open():
-    from kb.queue import EventQueue
+    from kb.tickets.queue import EventQueue
     from pmkb.cli import fail, settings
     from pmkb.server import QUEUE_FILE
 
@@ -47,7 +47,7 @@ def list_events(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per event."),
 ) -> None:
     """Events in the queue, oldest first, with counts by status."""
-    from kb.queue import STATUSES
+    from kb.tickets.queue import STATUSES
     from pmkb.cli import echo_err, fail
 
     if status is not None and status not in STATUSES:

@@ -18,9 +18,10 @@ def serve(
                                       help="Start without webhook secrets or API token (never in production)."),
 ) -> None:
     """Serve webhooks (POST /webhooks/github, /webhooks/jira) and POST /v1/annotate."""
-    from kb import store_lock
+    from kb.engine import store_lock
     from pmkb.cli import echo_err, fail, settings
-    from pmkb.server import QUEUE_FILE, serve as run_server, startup_problems
+    from pmkb.server import QUEUE_FILE, startup_problems
+    from pmkb.server import serve as run_server
 
     cfg = settings(writeback_outbox=dry_run)
     problems = startup_problems(cfg, insecure_dev)

@@ -1,8 +1,8 @@
 """The webhook service: GitHub and Jira call it when a ticket is opened or edited (a thin shell over kb/).
 
 Webhooks are verified (the signature before anything else, so unsigned traffic cannot use up a
-sender's rate limit), parsed (pmkb.payloads), redacted, committed to the durable queue (kb.queue)
-and acknowledged with 202; a background worker suggests and writes back (kb.writeback), never
+sender's rate limit), parsed (pmkb.payloads), redacted, committed to the durable queue (kb.tickets.queue)
+and acknowledged with 202; a background worker suggests and writes back (kb.tickets.writeback), never
 applying an older version of a ticket after a newer one. ``/v1/annotate`` answers synchronously.
 Operations: ``/healthz``, ``/readyz``, ``/metrics``, JSON logs on stderr.
 """
@@ -25,14 +25,27 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from kb.queue import Event, EventQueue, PermanentError, RetryLater, Skipped
-from kb.queue_worker import Worker
-from kb.redact import redact
-from kb.settings import Settings
-from kb.suggestion import EmptyTicket, Suggestion, Ticket
-from pmkb.api_models import GITHUB_BODY, JIRA_BODY, Accepted, AnnotateRequest, error_responses
+from kb.core.redact import redact
+from kb.core.settings import Settings
+from kb.core.suggestion import EmptyTicket, Suggestion, Ticket
+from kb.tickets.queue import Event, EventQueue, PermanentError, RetryLater, Skipped
+from kb.tickets.worker import Worker
+from pmkb.api_models import (
+    GITHUB_BODY,
+    JIRA_BODY,
+    Accepted,
+    AnnotateRequest,
+    error_responses,
+)
 from pmkb.ops import BodyLimit, Metrics, TokenBucket, configure_logging
-from pmkb.payloads import BadPayload, Ignored, TicketEvent, github_event, jira_event, parse_json_object
+from pmkb.payloads import (
+    BadPayload,
+    Ignored,
+    TicketEvent,
+    github_event,
+    jira_event,
+    parse_json_object,
+)
 
 log = logging.getLogger("pmkb.server")
 
@@ -111,8 +124,8 @@ class Service:
         threading.Thread(target=self._load, name="pmkb-loader", daemon=True).start()
 
     def _load(self) -> None:
-        from kb.knowledge import KnowledgeBase
-        from kb.suggest import SuggestionEngine
+        from kb.engine.knowledge import KnowledgeBase
+        from kb.engine.suggest import SuggestionEngine
 
         started = time.perf_counter()
         try:
@@ -146,7 +159,7 @@ class Service:
 
     def handle(self, event: Event) -> dict:
         """Worker handler: suggest for the queued ticket and write the result back."""
-        from kb.writeback import TicketRef, WriteBackError, write_back
+        from kb.tickets.writeback import TicketRef, WriteBackError, write_back
 
         if self.queue.stale(event):  # e.g. a replayed delivery of an older version of the ticket
             raise Skipped("a newer version of the ticket was already applied")
@@ -183,7 +196,7 @@ class Service:
         A redelivery is not queued again. Called in a worker thread: the commit waits for the disk,
         and the event loop should not.
         """
-        from kb.writeback import TicketRef
+        from kb.tickets.writeback import TicketRef
 
         try:
             TicketRef(system=event.system, key=event.key)

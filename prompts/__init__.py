@@ -1,1 +1,1 @@
-"""pmkb's prompt templates, installed as the package ``pmkb_prompts`` (read by kb/prompting.py)."""
+"""pmkb's prompt templates, installed as the package ``pmkb_prompts`` (read by kb/llm/prompting.py)."""

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kb.embedding import SentenceTransformerEmbedder
-from kb.knowledge import KnowledgeBase
-from kb.settings import Settings
+from kb.core.settings import Settings
+from kb.engine.embedding import SentenceTransformerEmbedder
+from kb.engine.knowledge import KnowledgeBase
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"

@@ -16,8 +16,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 
-from kb.settings import Settings
-from kb.ticket_api import forget_identities
+from kb.core.settings import Settings
+from kb.tickets.api import forget_identities
 
 _GH_COMMENTS = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)/comments$")
 _GH_COMMENT = re.compile(r"^/repos/([^/]+/[^/]+)/issues/comments/(\d+)$")

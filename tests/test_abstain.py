@@ -1,6 +1,11 @@
 """When a suggestion abstains, and why."""
 
-from kb.abstain import LOW_CONFIDENCE, TOO_LITTLE_TEXT, abstain_reason, content_words
+from kb.core.abstain import (
+    LOW_CONFIDENCE,
+    TOO_LITTLE_TEXT,
+    abstain_reason,
+    content_words,
+)
 
 
 def test_content_words_skip_stop_words_and_short_tokens():

@@ -8,24 +8,27 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import make_settings
 from streamlit.testing.v1 import AppTest
 
-from kb.evidence import Evidence
-from kb.feedback import AUDIT_FILE
-from kb.knowledge import KnowledgeBase
-from kb.search import Retriever
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
-
-from conftest import make_settings
+from kb.core.suggestion import Evidence, Ticket
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.search import Retriever
+from kb.engine.suggest import SuggestionEngine
+from kb.jobs.feedback import AUDIT_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the page's helpers (ui/) live beside app.py, outside the package
     sys.path.insert(0, str(ROOT))
 
 from ui.card import apply_threshold  # noqa: E402
-from ui.highlight import (escape_markdown, evidence_span, highlight_evidence, merge_spans,  # noqa: E402
-                          safe_link)
+from ui.highlight import (  # noqa: E402
+    escape_markdown,
+    evidence_span,
+    highlight_evidence,
+    merge_spans,
+    safe_link,
+)
 
 TIMEOUT = 120
 ECC_TICKET = {

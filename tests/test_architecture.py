@@ -1,28 +1,51 @@
-"""kb/ is the core: it never imports the shells' libraries."""
+"""The layering of kb/ and the shells, as import-linter contracts (``[tool.importlinter]`` in pyproject.toml)."""
 
-import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-FORBIDDEN = {"streamlit", "fastapi", "typer", "click", "uvicorn", "starlette", "mcp", "pmkb"}
-KB = Path(__file__).resolve().parent.parent / "kb"
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KB = ROOT / "kb"
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    command = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
+    if command is None:
+        pytest.fail("lint-imports is missing: install the test requirements (make test-fast does)")
+    return subprocess.run([command, "--no-cache"], cwd=root, capture_output=True, text=True, timeout=120)
 
 
-def test_kb_never_imports_shell_libraries():
-    offenders = {p.name: _imports(p) & FORBIDDEN for p in KB.glob("*.py") if p.name != "__main__.py"}
-    assert {k: v for k, v in offenders.items() if v} == {}
+def test_the_import_contracts_are_kept():
+    done = _lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+@pytest.mark.parametrize("module, planted, broken", [
+    ("kb/core/taxonomy.py", "from kb.engine import store", "kb is layered"),
+    ("kb/tickets/queue.py", "from kb.llm import backends", "kb is layered"),
+    ("kb/engine/search.py", "import ingest", "the shells sit on the library"),
+    ("kb/jobs/report.py", "import streamlit", "kb never imports a shell's library"),
+])
+def test_a_planted_violation_breaks_its_contract(tmp_path, module, planted, broken):
+    for name in ("kb", "ingest", "pmkb", "ui"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{planted}  # planted\n")
+    done = _lint_imports(tmp_path)
+    assert done.returncode == 1
+    assert f"{broken}" in done.stdout.split("Broken contracts")[1]
 
 
 def test_modules_stay_small():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in KB.glob("*.py")}
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in KB.rglob("*.py")}
     assert max(sizes.values()) <= 500, sizes
+
+
+def test_two_package_levels_at_most():
+    deep = [str(p.relative_to(ROOT)) for p in KB.rglob("*.py") if len(p.relative_to(KB).parts) > 2]
+    assert deep == []

@@ -16,14 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from kb.annotate import annotation_record
-from kb.backfill import (BackfillError, BackfillOptions, BackfillState, backfill_engine, run_backfill,
-                         sidecar)
-from kb.classify import Calibration
-from kb.incidents import Provenance
-from kb.knowledge import KnowledgeBase
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
+from ingest import read_paths
+from kb.core.incidents import Provenance
+from kb.core.suggestion import Ticket
+from kb.engine.classify import Calibration
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from kb.jobs.annotate import annotation_record
+from kb.jobs.backfill import (
+    BackfillError,
+    BackfillOptions,
+    BackfillState,
+    backfill_engine,
+    run_backfill,
+    sidecar,
+)
 from tests.conftest import ROOT, make_settings
 
 BUNDLED = sorted((ROOT / "data" / "incidents").glob("*.jsonl"))
@@ -90,7 +97,7 @@ def test_batched_records_match_single_suggestions(hashing_engine, tmp_path):
     source = tmp_path / "tickets.jsonl"
     ids = write_tickets(source, 12)
     out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out, batch_size=5))
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, batch_size=5))
     assert (result.annotated, result.failed, result.in_output) == (12, 0, 12)
     assert output_ids(out) == ids
     assert_same_as_single_suggestions(hashing_engine, source, out, 12)
@@ -100,9 +107,9 @@ def test_unchanged_rerun_skips_by_content_hash(hashing_engine, tmp_path):
     source = tmp_path / "tickets.jsonl"
     ids = write_tickets(source, 40)
     options = BackfillOptions(out=tmp_path / "out.jsonl", batch_size=16)
-    first = run_backfill(hashing_engine, [source], options)
+    first = run_backfill(hashing_engine, read_paths([source]), options)
     assert (first.annotated, first.skipped) == (40, 0)
-    again = run_backfill(hashing_engine, [source], options)
+    again = run_backfill(hashing_engine, read_paths([source]), options)
     assert (again.annotated, again.skipped, again.failed) == (0, 40, 0)
     lines = source.read_text().splitlines()
     for n in (3, 17):  # edit two tickets: only they are annotated again, in place
@@ -110,7 +117,7 @@ def test_unchanged_rerun_skips_by_content_hash(hashing_engine, tmp_path):
         record["description"] += "\nnvidia-smi: GPU has fallen off the bus (Xid 79)."
         lines[n] = json.dumps(record)
     source.write_text("\n".join(lines) + "\n")
-    edited = run_backfill(hashing_engine, [source], options)
+    edited = run_backfill(hashing_engine, read_paths([source]), options)
     assert (edited.annotated, edited.skipped) == (2, 38)
     assert output_ids(options.out) == ids
     rows = BackfillState(options.state_path())
@@ -131,7 +138,7 @@ def test_bad_records_go_to_the_errors_file_and_the_run_goes_on(hashing_engine, t
         sink.write(json.dumps({"id": "blank", "title": "   ", "description": "  "}) + "\n")
         sink.write(json.dumps({"id": "old-2", "title": "same id again", "description": "duplicate"}) + "\n")
     out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out))
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out))
     assert (result.annotated, result.failed, result.read) == (6, 4, 10)
     assert output_ids(out) == ids
     errors = [json.loads(line) for line in sidecar(out, "errors.jsonl").read_text().splitlines()]
@@ -177,7 +184,7 @@ def test_resume_after_kill_9_keeps_each_id_exactly_once(tmp_path, hashing_home):
     source = tmp_path / "tickets.jsonl"
     ids = write_tickets(source, 1200)
     out = tmp_path / "out.jsonl"
-    command = [sys.executable, "-m", "kb", "--kb", str(home), "backfill", str(source), "--out", str(out),
+    command = [sys.executable, "-m", "pmkb", "--kb", str(home), "backfill", str(source), "--out", str(out),
                "--batch-size", "16", "--no-report"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_EMBEDDER": "hashing"}
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -214,7 +221,7 @@ def test_write_back_kb_with_the_real_model(bundled_kb, tmp_path):
         sink.write(json.dumps({"id": human["id"], "title": human["title"],
                                "description": human["description"]}) + "\n")
     out = tmp_path / "out.jsonl"
-    result = run_backfill(engine, [source], BackfillOptions(out=out, write_back="kb", batch_size=4))
+    result = run_backfill(engine, read_paths([source]), BackfillOptions(out=out, write_back="kb", batch_size=4))
     assert result.failed == 0 and result.annotated == 9
     assert_same_as_single_suggestions(engine, source, out, 3)  # batched real-model path = one by one
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -243,15 +250,15 @@ def test_write_back_github_and_jira_dry_run(hashing_engine, tmp_path):
                                   for n, r in enumerate(base)]))
     outbox = tmp_path / "outbox.jsonl"
     options = BackfillOptions(out=tmp_path / "gh.jsonl", write_back="github", outbox=outbox, concurrency=3)
-    result = run_backfill(hashing_engine, [export], options)
+    result = run_backfill(hashing_engine, read_paths([export]), options)
     assert (result.annotated, result.written_back, result.failed) == (4, 4, 0)
     calls = [json.loads(line) for line in outbox.read_text().splitlines()]
     comments = [c for c in calls if c["action"] == "upsert_comment"]
     assert sorted(c["ticket"] for c in comments) == [f"acme/train#{10 + n}" for n in range(4)]
     assert all("pmkb:suggestion" in c["json"]["body"] for c in comments)
-    again = run_backfill(hashing_engine, [export], options)  # written back already: skipped
+    again = run_backfill(hashing_engine, read_paths([export]), options)  # written back already: skipped
     assert (again.annotated, again.skipped) == (0, 4) and len(outbox.read_text().splitlines()) == len(calls)
-    plain = run_backfill(hashing_engine, [export], BackfillOptions(out=options.out))
+    plain = run_backfill(hashing_engine, read_paths([export]), BackfillOptions(out=options.out))
     assert (plain.annotated, plain.skipped) == (0, 4)
     csv_file = tmp_path / "jira.csv"
     with csv_file.open("w", newline="") as sink:
@@ -260,7 +267,7 @@ def test_write_back_github_and_jira_dry_run(hashing_engine, tmp_path):
         rows.writerows([f"OPS-{n}", r["title"], r["description"]] for n, r in enumerate(base, 1))
         rows.writerow(["not-a-key", "Training slow", "GPU utilisation low"])
     jira_box = tmp_path / "jira-outbox.jsonl"
-    result = run_backfill(hashing_engine, [csv_file],
+    result = run_backfill(hashing_engine, read_paths([csv_file]),
                           BackfillOptions(out=tmp_path / "jira.jsonl", write_back="jira", outbox=jira_box))
     assert (result.annotated, result.failed) == (4, 1)
     assert {c["ticket"] for c in map(json.loads, jira_box.read_text().splitlines())} == {
@@ -271,21 +278,21 @@ def test_write_back_github_and_jira_dry_run(hashing_engine, tmp_path):
 
 def test_llm_stage_is_skipped_with_a_log_line_when_the_layer_is_missing(hashing_engine, tmp_path,
                                                                        monkeypatch):
-    import kb.backfill
+    import kb.jobs.backfill
 
-    monkeypatch.setattr(kb.backfill, "LLM_MODULE", "kb.no_such_llm_layer")
+    monkeypatch.setattr(kb.jobs.backfill, "LLM_MODULE", "kb.no_such_llm_layer")
     monkeypatch.setattr(hashing_engine.settings, "llm", "openai")
     source = tmp_path / "tickets.jsonl"
     write_tickets(source, 3)
     lines: list[str] = []
-    result = run_backfill(hashing_engine, [source], BackfillOptions(out=tmp_path / "o.jsonl"),
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=tmp_path / "o.jsonl"),
                           log=lines.append)
     assert result.annotated == 3 and result.llm.startswith("skipped")
     assert any("LLM stage skipped" in line for line in lines)
 
 
 def test_llm_stage_runs_through_the_llm_layer(hashing_engine, tmp_path, monkeypatch):
-    """The real kb.llm_suggest, against a model server that is down: each record says so in its trace."""
+    """The real kb.llm.suggester, against a model server that is down: each record says so in its trace."""
     import socket
 
     with socket.socket() as sock:
@@ -297,7 +304,7 @@ def test_llm_stage_runs_through_the_llm_layer(hashing_engine, tmp_path, monkeypa
     source = tmp_path / "tickets.jsonl"
     write_tickets(source, 4)
     out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out, concurrency=2))
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2))
     assert (result.annotated, result.failed, result.llm) == (4, 0, "openai:served")
     traces = [json.loads(line)["trace"] for line in out.read_text().splitlines()]
     assert all(t["llm"]["backend"] == "openai" and t["llm_failed"] for t in traces)
@@ -314,7 +321,7 @@ def test_llm_stage_with_the_real_gguf(hashing_engine, tmp_path, monkeypatch):
     source = tmp_path / "tickets.jsonl"
     write_tickets(source, 2)
     out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out, concurrency=2))
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2))
     assert result.annotated == 2 and result.llm.startswith("llamacpp:")
     for record in map(json.loads, out.read_text().splitlines()):
         assert record["trace"]["llm"]["backend"] == "llamacpp" and record["trace"]["llm_attempts"] >= 1
@@ -340,7 +347,7 @@ def test_the_errors_file_quotes_records_redacted(hashing_engine, tmp_path):
                                "source": "https://bot:" + token + "@tracker.example.com/4"}) + "\n")
         sink.write(json.dumps({"id": "old-1", "title": "again from bob@example.com", "description": "dup"}) + "\n")
     out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, [source], BackfillOptions(out=out))
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out))
     assert result.failed == 3
     listed = sidecar(out, "errors.jsonl").read_text()
     assert "ghp_" not in listed and "hunter22" not in listed and "alice@example.com" not in listed

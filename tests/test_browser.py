@@ -13,12 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from kb.knowledge import KnowledgeBase
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
-
 from conftest import make_settings
+
+from kb.core.suggestion import Ticket
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from kb.knowledge import KnowledgeBase
-from kb.settings import Settings
-from kb.taxonomy import load_taxonomy
+from kb.core.settings import Settings
+from kb.core.taxonomy import load_taxonomy
+from kb.engine.knowledge import KnowledgeBase
 from tests.conftest import shared_file
 
 SHINGLE = 10  # words; a shared run this long is copied prose (error messages are shorter)

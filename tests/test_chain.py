@@ -8,13 +8,13 @@ import pytest
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
 
-from kb.chain import KnowledgeRetriever, structured_chain
-from kb.classify import Calibration
-from kb.knowledge import KnowledgeBase
-from kb.llm import LlamaCppGenerator, ResponseCache
-from kb.prompting import load_prompt
-from kb.settings import Settings
-from kb.suggest import SuggestionEngine
+from kb.core.settings import Settings
+from kb.engine.classify import Calibration
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from kb.llm.backends import LlamaCppGenerator, ResponseCache
+from kb.llm.chain import KnowledgeRetriever, structured_chain
+from kb.llm.prompting import load_prompt
 
 INCIDENT_KEYS = {"kind", "id", "title", "score", "dense", "lexical", "symptom", "root_cause",
                  "root_cause_dimension", "mitigation", "resolution", "provenance", "source"}

@@ -8,14 +8,25 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from kb.chat import CHAT_TOKENS, NO_MODEL, answer_followup, chat_messages, retrieve_for_question
-from kb.classify import Calibration
-from kb.knowledge import KnowledgeBase
-from kb.llm import Generator, LlamaCppGenerator, OpenAIGenerator, shared_generator
-from kb.prompting import cited_ids
-from kb.settings import Settings
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
+from kb.core.settings import Settings
+from kb.core.suggestion import Ticket
+from kb.engine.classify import Calibration
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from kb.llm.backends import (
+    Generator,
+    LlamaCppGenerator,
+    OpenAIGenerator,
+    shared_generator,
+)
+from kb.llm.chat import (
+    CHAT_TOKENS,
+    NO_MODEL,
+    answer_followup,
+    chat_messages,
+    retrieve_for_question,
+)
+from kb.llm.prompting import cited_ids
 
 TICKET = Ticket(id="t-chat", title="Training job died on gpu-n07",
                 log="NVRM: Xid (PCI:0000:4f:00): 79, pid=0, GPU has fallen off the bus.")

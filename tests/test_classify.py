@@ -2,9 +2,16 @@
 
 import numpy as np
 
-from kb.classify import (FEATURES, LabelFeatures, Weights, expected_calibration_error, fit_weights, neighbour_votes,
-                         predict)
-from kb.search import SimilarIncident
+from kb.core.suggestion import SimilarIncident
+from kb.engine.classify import (
+    FEATURES,
+    LabelFeatures,
+    Weights,
+    expected_calibration_error,
+    fit_weights,
+    neighbour_votes,
+    predict,
+)
 
 
 def _hit(cause, score, provenance="human_labelled"):

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def pmkb(*args, home, check=True):
-    proc = subprocess.run([sys.executable, "-m", "kb", "--kb", str(home), *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "pmkb", "--kb", str(home), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"pmkb {args} exited {proc.returncode}: {proc.stderr[-2000:]}")
@@ -20,7 +20,7 @@ def pmkb(*args, home, check=True):
 
 
 def test_help_is_instant_and_lists_commands():
-    proc = subprocess.run([sys.executable, "-m", "kb", "--help"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "pmkb", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "ingest" in proc.stdout and "suggest" in proc.stdout
 
 
@@ -96,7 +96,7 @@ def test_eval_with_llm_prints_both_columns(tmp_path):
     import os
 
     env = {**os.environ, "PMKB_LLM_MODEL": str(package.assemble()), "PMKB_LLM_CONTEXT": "4096"}
-    proc = subprocess.run([sys.executable, "-m", "kb", "--kb", str(tmp_path / "kb"), "eval", str(labelled),
+    proc = subprocess.run([sys.executable, "-m", "pmkb", "--kb", str(tmp_path / "kb"), "eval", str(labelled),
                            "--llm", "llamacpp"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "engine alone vs with LLM (llamacpp)" in proc.stdout

@@ -6,11 +6,20 @@ from datetime import datetime, timezone
 
 import pytest
 
-from kb.dashboard import (IncidentFilter, dimension_comparison, distribution, filter_incidents,
-                          incident_rows, over_time, published_source, published_split, summary)
-from kb.incidents import Incident, Provenance
-from kb.settings import Settings
-from kb.taxonomy import load_taxonomy
+from kb.core.incidents import Incident, Provenance
+from kb.core.settings import Settings
+from kb.core.taxonomy import load_taxonomy
+from kb.jobs.dashboard import (
+    IncidentFilter,
+    dimension_comparison,
+    distribution,
+    filter_incidents,
+    incident_rows,
+    over_time,
+    published_source,
+    published_split,
+    summary,
+)
 
 
 @pytest.fixture(scope="module")

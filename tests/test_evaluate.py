@@ -4,12 +4,24 @@ import json
 
 import pytest
 
-from kb.evaluate import (Case, confusion, evaluate, evaluate_kfold, fill_dimensions, format_report, load_cases,
-                         macro_f1, per_class, risk_coverage, score, second_expert)
-from kb.settings import Settings
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Candidate, Suggestion, Ticket
-from kb.taxonomy import load_taxonomy
+from kb.core.settings import Settings
+from kb.core.suggestion import Candidate, Suggestion, Ticket
+from kb.core.taxonomy import load_taxonomy
+from kb.engine.suggest import SuggestionEngine
+from kb.jobs.evaluate import (
+    Case,
+    confusion,
+    evaluate,
+    evaluate_kfold,
+    fill_dimensions,
+    format_report,
+    load_cases,
+    macro_f1,
+    per_class,
+    risk_coverage,
+    score,
+    second_expert,
+)
 from tests.conftest import LABELLED
 
 

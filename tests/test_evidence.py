@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kb.evidence import find_evidence, find_suspect, load_signatures
-from kb.settings import DATA_DIR
-from kb.taxonomy import TaxonomyError, load_low_util_taxonomy, load_taxonomy
+from kb.core.settings import DATA_DIR
+from kb.core.taxonomy import TaxonomyError, load_low_util_taxonomy, load_taxonomy
+from kb.engine.evidence import find_evidence, find_suspect, load_signatures
 
 TAX = load_taxonomy(DATA_DIR / "taxonomy.yaml")
 LOW = load_low_util_taxonomy(DATA_DIR / "low_gpu_utilisation.yaml")

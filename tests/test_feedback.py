@@ -6,15 +6,23 @@ import json
 from datetime import datetime, timezone
 
 import pytest
-
-from kb.classify import Calibration
-from kb.feedback import (AUDIT_FILE, FeedbackError, LabelSet, audit_lines, audit_path, incident_id_for,
-                         read_audit, save_feedback, ticket_incident)
-from kb.search import Retriever
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Suggestion, Ticket
-
 from conftest import make_settings
+
+from kb.core.suggestion import Suggestion, Ticket
+from kb.engine.classify import Calibration
+from kb.engine.search import Retriever
+from kb.engine.suggest import SuggestionEngine
+from kb.jobs.feedback import (
+    AUDIT_FILE,
+    FeedbackError,
+    LabelSet,
+    audit_lines,
+    audit_path,
+    incident_id_for,
+    read_audit,
+    save_feedback,
+    ticket_incident,
+)
 
 TICKET = Ticket(
     id="OPS-7731",

@@ -2,11 +2,11 @@
 
 from datetime import datetime, timezone
 
-from kb.annotate import annotation_record
-from kb.history import BUNDLED_SOURCE, node_history, node_index
-from kb.incidents import Incident
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
+from kb.core.incidents import Incident
+from kb.core.suggestion import Ticket
+from kb.engine.history import BUNDLED_SOURCE, node_history, node_index
+from kb.engine.suggest import SuggestionEngine
+from kb.jobs.annotate import annotation_record
 from pmkb.cli import render_card
 
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."

@@ -6,7 +6,7 @@ import pytest
 
 from ingest import IngestError, IngestWarning, read_paths
 from ingest.csv_export import parse_mapping
-from kb.incidents import MAX_TEXT_CHARS, Incident
+from kb.core.incidents import MAX_TEXT_CHARS, Incident
 
 
 def _split(items):

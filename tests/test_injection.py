@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from kb.knowledge import KnowledgeBase
-from kb.llm import Generator, LlamaCppGenerator, ResponseCache
-from kb.llm_suggest import LLMSuggester
-from kb.settings import Settings
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
+from kb.core.settings import Settings
+from kb.core.suggestion import Ticket
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from kb.llm.backends import Generator, LlamaCppGenerator, ResponseCache
+from kb.llm.suggester import LLMSuggester
 
 SUITE = Path(__file__).parent / "data" / "injection_tickets.jsonl"
 PAIRS = [json.loads(line) for line in SUITE.read_text(encoding="utf-8").splitlines() if line.strip()]

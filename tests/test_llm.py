@@ -17,15 +17,30 @@ import time
 import httpx
 import pytest
 
-from kb.abstain import TOO_LITTLE_TEXT
-from kb.classify import Calibration
-from kb.knowledge import KnowledgeBase
-from kb.llm import (LlamaCppGenerator, LLMUnavailable, ResponseCache, make_generator, request_key)
-from kb.llm_suggest import (ACCEPT_FLOOR, ACCEPT_MARGIN, InvalidAnswer, LLMAnswer, LLMSuggester, answer_schema,
-                            combine_choice, make_suggester, parse_answer)
-from kb.settings import Settings
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Candidate, Ticket
+from kb.core.abstain import TOO_LITTLE_TEXT
+from kb.core.settings import Settings
+from kb.core.suggestion import Candidate, Ticket
+from kb.engine.classify import Calibration
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from kb.llm.backends import (
+    LlamaCppGenerator,
+    LLMUnavailable,
+    ResponseCache,
+    make_generator,
+    request_key,
+)
+from kb.llm.suggester import (
+    ACCEPT_FLOOR,
+    ACCEPT_MARGIN,
+    InvalidAnswer,
+    LLMAnswer,
+    LLMSuggester,
+    answer_schema,
+    combine_choice,
+    make_suggester,
+    parse_answer,
+)
 
 XID_TICKET = Ticket(id="t-xid", title="Training job died on gpu-n07 after 3 hours",
                     description="Our 64-GPU run crashed. Kernel log of the node:",

@@ -17,8 +17,8 @@ import anyio
 import httpx
 import pytest
 
-from kb.incidents import Incident
-from kb.knowledge import KnowledgeBase
+from kb.core.incidents import Incident
+from kb.engine.knowledge import KnowledgeBase
 from tests.conftest import ROOT, make_settings
 
 XID_79 = {"title": "Xid 79 GPU has fallen off the bus on gpu-a17",
@@ -55,7 +55,7 @@ def mcp_kb(tmp_path_factory, _built_kb_dir, embedder) -> tuple[Path, dict]:
                  mitigation="node_repair", source="ops-tickets", created_at=datetime(2026, 3, n, tzinfo=timezone.utc))
         for n in (3, 17)])
     kb.store.close()  # the subprocesses need the store's lock
-    done = subprocess.run([sys.executable, "-m", "kb", "--kb", str(home), "suggest", "--title", XID_79["title"],
+    done = subprocess.run([sys.executable, "-m", "pmkb", "--kb", str(home), "suggest", "--title", XID_79["title"],
                            "--json", XID_79["description"]], env=child_env(), cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -121,7 +121,7 @@ def assert_clean_log(stderr: str) -> None:
 def test_stdio_answers_every_tool_like_the_cli(mcp_kb, kb_copy, tmp_path):
     from mcp import ClientSession, StdioServerParameters, stdio_client
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "kb", "--kb", str(kb_copy), "mcp"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "pmkb", "--kb", str(kb_copy), "mcp"],
                                    env=child_env(), cwd=str(ROOT))
     stray: list[Exception] = []
 
@@ -161,7 +161,7 @@ def test_http_needs_the_bearer_token(mcp_kb, kb_copy, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     errlog = (tmp_path / "stderr.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "kb", "--kb", str(kb_copy), "mcp", "--http", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "pmkb", "--kb", str(kb_copy), "mcp", "--http", str(port)],
                               env=child_env(PMKB_API_TOKEN=TOKEN), cwd=ROOT, stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=errlog)
     try:
@@ -198,7 +198,7 @@ def test_http_needs_the_bearer_token(mcp_kb, kb_copy, tmp_path):
                                             ("  ", "PMKB_API_TOKEN is set but empty")])
 def test_http_refuses_to_start_without_a_token(tmp_path, token, message):
     env = child_env(**({"PMKB_API_TOKEN": token} if token is not None else {}))
-    command = [sys.executable, "-m", "kb", "--kb", str(tmp_path / "kb"), "mcp", "--http", str(free_port())]
+    command = [sys.executable, "-m", "pmkb", "--kb", str(tmp_path / "kb"), "mcp", "--http", str(free_port())]
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and message in done.stderr and done.stdout == ""

@@ -2,10 +2,15 @@
 
 import pytest
 
-from kb.incidents import Incident
-from kb.mitigate import HISTORY_STRENGTH, _default_weights, cause_mitigations, rank_mitigations
-from kb.settings import Settings
-from kb.taxonomy import load_taxonomy
+from kb.core.incidents import Incident
+from kb.core.settings import Settings
+from kb.core.taxonomy import load_taxonomy
+from kb.engine.mitigate import (
+    HISTORY_STRENGTH,
+    _default_weights,
+    cause_mitigations,
+    rank_mitigations,
+)
 
 TAX = load_taxonomy(Settings.model_fields["taxonomy"].default)
 

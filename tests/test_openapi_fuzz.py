@@ -11,12 +11,12 @@ import shutil
 
 import httpx
 import pytest
-
 from conftest import make_settings
-from kb.knowledge import KnowledgeBase
-from kb.suggest import SuggestionEngine
-from pmkb.server import create_app
 from test_server import LiveServer, kb_home, wait_until  # noqa: F401
+
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from pmkb.server import create_app
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

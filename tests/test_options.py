@@ -7,7 +7,7 @@ import yaml
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from kb.settings import DATA_DIR
+from kb.core.settings import DATA_DIR
 from pmkb.cli import app
 from tests.conftest import LABELLED
 

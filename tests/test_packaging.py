@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kb.settings import DATA_DIR, PROMPTS_DIR, Settings
+from kb.core.settings import DATA_DIR, PROMPTS_DIR, Settings
 from pmkb.extras import EXTRA_FOR_MODULE
 from tests.conftest import ROOT
 

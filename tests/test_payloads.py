@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pmkb.payloads import BadPayload, Ignored, github_event, jira_event, jira_text, parse_json_object
+from pmkb.payloads import (
+    BadPayload,
+    Ignored,
+    github_event,
+    jira_event,
+    jira_text,
+    parse_json_object,
+)
 
 
 def github(**issue) -> dict:

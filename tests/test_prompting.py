@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from kb.prompting import (PROMPTS_DIR, PromptError, cited_ids, injection_markers, load_prompt, neutralise,
-                          strip_instruction_lines, trim_around_evidence)
+from kb.core.untrusted import injection_markers, neutralise, strip_instruction_lines
+from kb.llm.prompting import (
+    PROMPTS_DIR,
+    PromptError,
+    cited_ids,
+    load_prompt,
+    trim_around_evidence,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECTION_SUITE = Path(__file__).parent / "data" / "injection_tickets.jsonl"

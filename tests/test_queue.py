@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from kb.queue import EventQueue, PermanentError
-from kb.queue_worker import Worker
+from kb.tickets.queue import EventQueue, PermanentError
+from kb.tickets.worker import Worker
 
 
 class Clock:

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kb.queue import EventQueue
+from kb.tickets.queue import EventQueue
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pmkb(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "kb", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pmkb", *args], env=env, capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
 
 

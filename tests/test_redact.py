@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from bench.redaction import ordinary_ticket, quality, seconds, worst_input
-from kb.incidents import Incident
-from kb.knowledge import redact_incident
-from kb.redact import RULES, redact, redact_key
+from kb.core.incidents import Incident
+from kb.core.redact import RULES, redact, redact_key
+from kb.engine.knowledge import redact_incident
 
 DATA = Path(__file__).parent / "data"
 CORPUS = [json.loads(line) for line in (DATA / "redaction_corpus.jsonl").read_text(encoding="utf-8").splitlines()]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from kb.report import CLUSTER_MIN_SCORE, read_records, summarise, write_report
-from kb.settings import Settings
-from kb.taxonomy import load_taxonomy
+from kb.core.settings import Settings
+from kb.core.taxonomy import load_taxonomy
+from kb.jobs.report import CLUSTER_MIN_SCORE, read_records, summarise, write_report
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,14 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-
 from conftest import make_settings
-from kb.knowledge import KnowledgeBase
-from kb.queue import EventQueue
-from kb.suggest import SuggestionEngine
-from kb.writeback import GITHUB_MARKER, JIRA_MARKER
-from pmkb.server import QUEUE_FILE, create_app, startup_problems
 from test_writeback import FakeTicketApi
+
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from kb.tickets.queue import EventQueue
+from kb.tickets.writeback import GITHUB_MARKER, JIRA_MARKER
+from pmkb.server import QUEUE_FILE, create_app, startup_problems
 
 GITHUB_SECRET, JIRA_SECRET, API_TOKEN = "gh-hook-secret", "jira-shared-secret", "api-token-123"
 REPO = "octo/gpu-ops"
@@ -346,7 +346,7 @@ def test_refuses_to_start_without_secrets(tmp_path):
     assert startup_problems(make_settings(tmp_path), insecure_dev=True) == []
     assert "PMKB_GITHUB_TOKEN" in startup_problems(make_settings(tmp_path, github_webhook_secret="s"), False)[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(tmp_path)}
-    run = subprocess.run([sys.executable, "-m", "kb", "serve", "--port", str(free_port())], env=env,
+    run = subprocess.run([sys.executable, "-m", "pmkb", "serve", "--port", str(free_port())], env=env,
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode != 0
     assert "PMKB_GITHUB_WEBHOOK_SECRET" in run.stderr and "--insecure-dev" in run.stderr
@@ -356,7 +356,7 @@ def start_serve(home: Path, api: FakeTicketApi, port: int) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
         "PMKB_HOME": str(home), "PMKB_GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "PMKB_GITHUB_API_URL": api.url,
         "PMKB_GITHUB_TOKEN": "gh-token", "PMKB_QUEUE_BACKOFF": "0.1", "PMKB_EMBEDDING_DEVICE": "cpu"}
-    return subprocess.Popen([sys.executable, "-m", "kb", "serve", "--host", "127.0.0.1", "--port", str(port)],
+    return subprocess.Popen([sys.executable, "-m", "pmkb", "serve", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

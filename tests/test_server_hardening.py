@@ -17,14 +17,28 @@ import time
 
 import httpx
 import pytest
-
 from conftest import make_settings
-from kb.knowledge import KnowledgeBase
-from kb.suggest import SuggestionEngine
-from pmkb.server import QUEUE_FILE, create_app, startup_problems
-from test_server import (API_TOKEN, ECC, GITHUB_SECRET, IMPORT, JIRA_SECRET, REPO, LiveServer, issues_event,
-                         jira_event, kb_home, post_github, post_jira, wait_finished, wait_until)  # noqa: F401
 from fake_ticket_api import FakeTicketApi
+from test_server import (
+    API_TOKEN,
+    ECC,
+    GITHUB_SECRET,
+    IMPORT,
+    JIRA_SECRET,
+    REPO,
+    LiveServer,
+    issues_event,
+    jira_event,  # noqa: F401 - a fixture
+    kb_home,  # noqa: F401 - a fixture
+    post_github,
+    post_jira,
+    wait_finished,
+    wait_until,
+)
+
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from pmkb.server import QUEUE_FILE, create_app, startup_problems
 
 TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0" * 2
 

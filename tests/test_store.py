@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kb.embedding import HashingEmbedder
-from kb.incidents import Incident
-from kb.knowledge import KnowledgeBase
-from kb.store import ChromaStore, StoreModelMismatch
+from kb.core.incidents import Incident
+from kb.engine.embedding import HashingEmbedder
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.store import ChromaStore, StoreModelMismatch
 from tests.conftest import make_settings
 
 

@@ -17,15 +17,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kb import store_lock
-from kb.incidents import Incident
-from kb.knowledge import KnowledgeBase
-from kb.store import ChromaStore
-from kb.store_lock import StoreLocked
-from kb.suggest import SuggestionEngine
+from kb.core.incidents import Incident
+from kb.engine import store_lock
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.store import ChromaStore
+from kb.engine.store_lock import StoreLocked
+from kb.engine.suggest import SuggestionEngine
 from tests.conftest import ROOT, make_settings
 
-HOLD_STORE = ("import sys\nfrom kb.store import ChromaStore\n"
+HOLD_STORE = ("import sys\nfrom kb.engine.store import ChromaStore\n"
               "store = ChromaStore(sys.argv[1], path=sys.argv[2])\nprint('open', flush=True)\nsys.stdin.read()\n")
 """A second process that opens an embedded store and keeps it open until its stdin closes."""
 
@@ -37,7 +37,7 @@ def pmkb_env(**variables: str) -> dict:
 
 
 def pmkb(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kb", *args], cwd=ROOT, env=env or pmkb_env(),
+    return subprocess.run([sys.executable, "-m", "pmkb", *args], cwd=ROOT, env=env or pmkb_env(),
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -234,7 +234,7 @@ def test_a_service_keeps_answering_while_another_process_ingests_and_then_sees_t
         service_env = pmkb_env(PMKB_HOME=str(home), PMKB_CHROMA_URL=url, PMKB_API_TOKEN="t")
         service_log = tmp_path / "service.log"
         with service_log.open("w") as log:
-            service = subprocess.Popen([sys.executable, "-m", "kb", "serve", "--port", str(port)], cwd=ROOT,
+            service = subprocess.Popen([sys.executable, "-m", "pmkb", "serve", "--port", str(port)], cwd=ROOT,
                                        env=service_env, stdout=subprocess.DEVNULL, stderr=log)
         base = f"http://127.0.0.1:{port}"
         try:
@@ -269,7 +269,7 @@ def test_a_service_keeps_answering_while_another_process_ingests_and_then_sees_t
                                                 for h in suggestion["similar_incidents"])
 
             started = time.monotonic()
-            ingest = subprocess.Popen([sys.executable, "-m", "kb", "ingest", str(reports), "--json"], cwd=ROOT,
+            ingest = subprocess.Popen([sys.executable, "-m", "pmkb", "ingest", str(reports), "--json"], cwd=ROOT,
                                       env=pmkb_env(PMKB_HOME=str(tmp_path / "job"), PMKB_CHROMA_URL=url),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             done = threading.Event()

@@ -2,10 +2,10 @@
 
 import pytest
 
-from kb.abstain import LOW_CONFIDENCE, TOO_LITTLE_TEXT
-from kb.suggest import SuggestionEngine
-from kb.suggestion import EmptyTicket, Ticket
-from kb.incidents import Incident
+from kb.core.abstain import LOW_CONFIDENCE, TOO_LITTLE_TEXT
+from kb.core.incidents import Incident
+from kb.core.suggestion import EmptyTicket, Ticket
+from kb.engine.suggest import SuggestionEngine
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_probabilities_are_ranked_and_labels_valid(engine):
 
 def test_abstains_under_the_threshold(shared_bundled_kb):
     strict = shared_bundled_kb.settings.model_copy(update={"abstain_threshold": 0.999})
-    from kb.knowledge import KnowledgeBase
+    from kb.engine.knowledge import KnowledgeBase
 
     kb = KnowledgeBase(strict, embedder=shared_bundled_kb.embedder)
     s = SuggestionEngine(kb).suggest(Ticket(title="training on gpu-3 behaves strangely",
@@ -114,7 +114,7 @@ def test_trained_text_classifiers_are_cached_and_reused(empty_kb, monkeypatch):
     before = first.suggest(ticket)
     assert first.classifier_cache_path.exists()
 
-    from kb.textclf import TextClassifier
+    from kb.engine.textclf import TextClassifier
 
     def no_fit(*args, **kwargs):
         raise AssertionError("the cached classifiers should have been used")

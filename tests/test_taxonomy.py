@@ -5,8 +5,13 @@ import re
 import pytest
 import yaml
 
-from kb.settings import DATA_DIR
-from kb.taxonomy import TaxonomyError, load_low_util_taxonomy, load_taxonomy, parse_taxonomy
+from kb.core.settings import DATA_DIR
+from kb.core.taxonomy import (
+    TaxonomyError,
+    load_low_util_taxonomy,
+    load_taxonomy,
+    parse_taxonomy,
+)
 from tests.conftest import shared_file
 
 

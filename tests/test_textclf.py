@@ -11,11 +11,17 @@ import stat
 import numpy as np
 import pytest
 
-from kb.knowledge import KnowledgeBase
-from kb.settings import Settings
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
-from kb.textclf import CACHE_FILE, LEGACY_CACHE_FILES, TextClassifier, load_classifiers, save_classifiers
+from kb.core.settings import Settings
+from kb.core.suggestion import Ticket
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+from kb.engine.textclf import (
+    CACHE_FILE,
+    LEGACY_CACHE_FILES,
+    TextClassifier,
+    load_classifiers,
+    save_classifiers,
+)
 
 TICKET = Ticket(title="job killed", description="slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0")
 
@@ -81,7 +87,7 @@ def test_a_planted_pickle_never_runs(trained, embedder, tmp_path, caplog):
     planted.add(SuggestionEngine(kb).classifier_cache_path)
     for path in planted:  # under this version's name and under earlier versions' names
         path.write_bytes(pickle.dumps({"fingerprint": "x", "classifiers": _CreatesFile(marker)}))
-    with caplog.at_level(logging.WARNING, logger="kb.textclf"):
+    with caplog.at_level(logging.WARNING, logger="kb.engine.textclf"):
         engine = SuggestionEngine(kb)
         suggestion = engine.suggest(TICKET)
     assert not marker.exists()
@@ -99,7 +105,7 @@ def test_a_pickle_inside_the_archive_never_runs(tmp_path, caplog):
     path = tmp_path / CACHE_FILE
     with path.open("wb") as fh:
         np.savez(fh, header=np.array([_CreatesFile(marker)], dtype=object))
-    with caplog.at_level(logging.WARNING, logger="kb.textclf"):
+    with caplog.at_level(logging.WARNING, logger="kb.engine.textclf"):
         assert load_classifiers(path, "d") is None
     assert not marker.exists() and "text-classifier cache" in caplog.text
 
@@ -119,6 +125,6 @@ def test_a_damaged_archive_is_ignored(trained, tmp_path, caplog, damage):
             arrays["header"] = np.frombuffer(b'{"format": 1, "fingerprint": "d", "classifiers": 3}', np.uint8)
         with path.open("wb") as fh:
             np.savez(fh, **arrays)
-    with caplog.at_level(logging.WARNING, logger="kb.textclf"):
+    with caplog.at_level(logging.WARNING, logger="kb.engine.textclf"):
         assert load_classifiers(path, "d") is None
     assert "text-classifier cache" in caplog.text

@@ -8,11 +8,17 @@ from email.utils import format_datetime
 
 import httpx
 import pytest
-
 from fake_ticket_api import FakeTicketApi, api_settings
-from kb.ticket_api import forget_identities, retry_after_seconds
-from kb.writeback import GITHUB_MARKER, JIRA_MARKER, TicketRef, WriteBackError, write_back
 from test_writeback import make_suggestion
+
+from kb.tickets.api import forget_identities, retry_after_seconds
+from kb.tickets.writeback import (
+    GITHUB_MARKER,
+    JIRA_MARKER,
+    TicketRef,
+    WriteBackError,
+    write_back,
+)
 
 
 def test_github_app_installation_token_owns_only_its_bot_comments(tmp_path):

@@ -10,17 +10,30 @@ import json
 
 import httpx
 import pytest
-
 from fake_ticket_api import FakeTicketApi, api_settings
-from kb.abstain import TOO_LITTLE_TEXT
-from kb.evidence import Evidence
-from kb.history import NodeHistory, NodeIncident
-from kb.mitigate import MitigationStep
-from kb.search import SimilarIncident
-from kb.settings import Settings
-from kb.suggestion import Candidate, Suggestion
-from kb.writeback import (GITHUB_MARKER, JIRA_MARKER, TicketRef, WriteBackError, labels_added_by_pmkb,
-                          labels_in_comment, render_comment, suggestion_labels, write_back)
+
+from kb.core.abstain import TOO_LITTLE_TEXT
+from kb.core.settings import Settings
+from kb.core.suggestion import (
+    Candidate,
+    Evidence,
+    MitigationStep,
+    NodeHistory,
+    NodeIncident,
+    SimilarIncident,
+    Suggestion,
+)
+from kb.tickets.writeback import (
+    GITHUB_MARKER,
+    JIRA_MARKER,
+    TicketRef,
+    WriteBackError,
+    labels_added_by_pmkb,
+    labels_in_comment,
+    render_comment,
+    suggestion_labels,
+    write_back,
+)
 
 __all__ = ["FakeTicketApi", "api_settings", "make_suggestion"]
 

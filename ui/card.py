@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kb.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason
-from kb.incidents import Incident
-from kb.store import ChromaStore
-from kb.suggestion import Suggestion, explain
-from kb.taxonomy import Taxonomy
+from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason
+from kb.core.incidents import Incident
+from kb.core.suggestion import Suggestion, explain
+from kb.core.taxonomy import Taxonomy
+from kb.engine.store import ChromaStore
 from ui.highlight import escape_markdown as md
 from ui.highlight import safe_link
 

@@ -6,9 +6,15 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from kb.dashboard import (dimension_comparison, distribution, incident_rows, over_time, published_source,
-                          summary)
-from kb.feedback import audit_lines
+from kb.jobs.dashboard import (
+    dimension_comparison,
+    distribution,
+    incident_rows,
+    over_time,
+    published_source,
+    summary,
+)
+from kb.jobs.feedback import audit_lines
 from ui.highlight import escape_markdown as md
 from ui.resources import all_incidents, loaded
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import quote, urlparse
 
-from kb.evidence import Evidence
+from kb.core.suggestion import Evidence
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~$=:])")
 # HTML's own characters and those that markdown, Streamlit's LaTeX and emoji shortcodes read,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kb.dashboard import UNLABELLED, IncidentFilter, filter_incidents
-from kb.incidents import Provenance
+from kb.core.incidents import Provenance
+from kb.jobs.dashboard import UNLABELLED, IncidentFilter, filter_incidents
 from ui.card import render_incident
 from ui.highlight import escape_markdown as md
 from ui.resources import all_incidents, loaded

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import streamlit as st
 
-from kb.embedding import Embedder, make_embedder
-from kb.incidents import Incident
-from kb.knowledge import KnowledgeBase
-from kb.llm_suggest import make_suggester
-from kb.settings import Settings, load_settings
-from kb.store import StoreModelMismatch
-from kb.store_lock import StoreLocked
-from kb.suggest import SuggestionEngine
-from kb.suggestion import Ticket
-from kb.taxonomy import TaxonomyError
+from kb.core.incidents import Incident
+from kb.core.roles import Embedder
+from kb.core.settings import Settings, load_settings
+from kb.core.suggestion import Ticket
+from kb.core.taxonomy import TaxonomyError
+from kb.engine.embedding import make_embedder
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.store import StoreModelMismatch
+from kb.engine.store_lock import StoreLocked
+from kb.engine.suggest import SuggestionEngine
+from kb.llm.suggester import make_suggester
 
 THRESHOLD_KEY = "abstain_threshold"
 """Session-state key of the sidebar's abstain-threshold slider."""

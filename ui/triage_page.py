@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kb.chat import answer_followup
-from kb.feedback import FeedbackError, LabelSet, incident_id_for, save_feedback
-from kb.redact import redact
-from kb.suggestion import EmptyTicket, Suggestion, Ticket
+from kb.core.redact import redact
+from kb.core.suggestion import EmptyTicket, Suggestion, Ticket
+from kb.jobs.feedback import FeedbackError, LabelSet, incident_id_for, save_feedback
+from kb.llm.chat import answer_followup
 from ui.card import apply_threshold, render_card, render_evidence, render_similar
 from ui.highlight import escape_markdown as md
 from ui.highlight import highlight_evidence, tame_markdown

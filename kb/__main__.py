@@ -1,5 +1,0 @@
-"""``python -m kb``: the same command line as ``pmkb``."""
-
-from pmkb.cli import main
-
-main()

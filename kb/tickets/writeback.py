@@ -1,0 +1,193 @@
+"""Write a suggestion back to its ticket: labels and one pmkb comment, on GitHub or Jira.
+
+Idempotent: the comment carries a marker, so a second run (a redelivery, an edited ticket, a
+restart mid-way) finds the comment it posted before and updates it instead of adding another.
+Only a marked comment written by the account behind pmkb's token is pmkb's: anyone can type the
+marker. The comment records, on its last line, the labels pmkb itself added; only those are ever
+removed, so a label a person put on the ticket stays even when it equals one pmkb suggests. A dry
+run writes each intended call to an outbox JSONL file instead of calling the API.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
+from kb.core.settings import Settings
+from kb.core.suggestion import Suggestion
+from kb.tickets.api import TicketRef, WriteBackError, ticket_api
+
+__all__ = ["GITHUB_MARKER", "JIRA_MARKER", "TicketRef", "WriteBackError", "labels_added_by_pmkb",
+           "labels_in_comment", "render_comment", "suggestion_labels", "write_back"]
+
+GITHUB_MARKER = "<!-- pmkb:suggestion -->"
+"""First line of the pmkb comment on GitHub (an HTML comment: invisible when rendered)."""
+JIRA_MARKER = "{{pmkb:suggestion}}"
+"""First line of the pmkb comment on Jira (wiki markup has no hidden text)."""
+MARKER_TOKEN = "pmkb:suggestion"
+LABEL_PREFIXES = ("rc:", "dim:", "symptom:")
+_LABELS_LINE = re.compile(r"^\W*Labels:?\W*(.*)$", re.MULTILINE)
+_LABEL = re.compile(r"\b(?:rc|dim|symptom):[A-Za-z0-9_.-]+")
+# The record of the labels pmkb added: the comment's last line, which only pmkb writes (ticket text
+# is quoted on lines of its own, never the last one).
+_ADDED_LINE = re.compile(r"^(?:<!-- |\{\{)pmkb:added((?: (?:rc|dim|symptom):[A-Za-z0-9_.-]+)+)(?: -->|\}\})$")
+
+
+def suggestion_labels(s: Suggestion) -> list[str]:
+    """Labels for a confident suggestion (none when it abstained)."""
+    if s.abstained:
+        return []
+    return [f"rc:{s.root_cause}", f"dim:{s.root_cause_dimension}", f"symptom:{s.symptom}"]
+
+
+def _clean(text: str, system: str, width: int = 200) -> str:
+    """Ticket or incident text made inert: no mentions, no markup breaking out of code spans."""
+    text = " ".join(text.split())
+    text = text if len(text) <= width else text[:width - 3] + "..."
+    text = text.replace("@", "@\u200b")
+    return text.replace("`", "'") if system == "github" else text.replace("{", "(").replace("}", ")")
+
+
+def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "github",
+                   added: list[str] | tuple[str, ...] = ()) -> str:
+    """The pmkb comment for a ticket: GitHub Markdown, or Jira wiki markup when ``system="jira"``.
+
+    ``threshold_note`` adds a closing line explaining that labels are applied only above the
+    confidence threshold. ``added`` are the labels pmkb itself put on the ticket; a last line
+    records them (hidden on GitHub) for ``labels_added_by_pmkb``.
+    """
+    s, gh = suggestion, system == "github"
+    code = (lambda t: f"`{t}`") if gh else (lambda t: "{{" + t + "}}")
+    bold = (lambda t: f"**{t}**") if gh else (lambda t: f"*{t}*")
+    lines = [GITHUB_MARKER if gh else JIRA_MARKER]
+    heading = "### " if gh else "h3. "
+    if s.abstained:
+        lines.append(f"{heading}pmkb is not sure about the root cause")
+        lines.append(f"No labels were applied: {TOO_LITTLE_ADVICE}. Candidates so far:"
+                     if s.abstain_reason == TOO_LITTLE_TEXT else
+                     f"The best guess is at {s.root_cause_confidence:.0%}, below the confidence threshold, "
+                     "so no labels were applied. Candidates:")
+        lines += [f"{'1.' if gh else '#'} {code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates]
+    else:
+        lines.append(f"{heading}pmkb suggestion: {s.root_cause_name} ({code(s.root_cause)}, "
+                     f"{s.root_cause_dimension}) at {s.root_cause_confidence:.0%}")
+        others = ", ".join(f"{code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
+        if others:
+            lines.append(f"Next candidates: {others}")
+    suspect = ", ".join(f"{k} {_clean(v, system, 60)}" for k, v in (s.suspect or {}).items())
+    lines.append(f"{bold('Symptom:')} {code(s.symptom)} {s.symptom_confidence:.0%}. "
+                 f"{bold('Retry safe:')} {'yes' if s.retry_safe else 'no'}"
+                 + (f". {bold('Suspect:')} {suspect}" if suspect else ""))
+    if s.node_history:
+        lines.append(f"{bold('Seen before:')} {_clean(s.node_history.summary(), system, 600)}")
+    labels = suggestion_labels(s)
+    lines.append(f"{bold('Labels:')} " + (" ".join(code(label) for label in labels) if labels else "none"))
+    if s.explanation:
+        lines += ["", _clean(s.explanation, system, 600)]
+    bullet = "-" if gh else "*"
+    if s.evidence:
+        lines += ["", bold("Evidence")]
+        lines += [f"{bullet} {code(e.signal)}: {code(_clean(e.text, system, 160))} -> {e.points_to}: "
+                  f"{_clean(e.explanation, system)}" for e in s.evidence[:6]]
+    if s.similar_incidents:
+        lines += ["", bold("Similar incidents")]
+        lines += [f"{bullet} {bold(_clean(h.id, system, 80))} ({h.score:.2f}): {_clean(h.title, system, 120)} "
+                  f"({h.root_cause or 'unlabelled'} -> {h.mitigation or '-'})" for h in s.similar_incidents]
+    if s.mitigations:
+        lines += ["", bold("Mitigation")]
+        for m in s.mitigations:
+            seen = f" (as in {', '.join(m.from_incidents[:3])})" if m.from_incidents else ""
+            lines.append(f"{'1.' if gh else '#'} {bold(m.id)} {m.confidence:.0%}: "
+                         f"{_clean(m.next_step, system, 300)}{seen}")
+    if s.low_gpu_utilisation:
+        lines += ["", bold("Low GPU utilisation checks")]
+        lines += [f"{bullet} {h.name}: {_clean(h.fix, system, 300)}" for h in s.low_gpu_utilisation]
+    footer = [s.trace.get("engine", "pmkb"), "this comment is updated when the ticket changes"]
+    if threshold_note:
+        footer.append("labels are applied only when the top root cause reaches the confidence threshold; "
+                      "below it pmkb lists candidates instead")
+    lines += ["", f"<sub>{'; '.join(footer)}.</sub>" if gh else "_" + "; ".join(footer) + "._"]
+    if added:
+        lines.append(f"<!-- pmkb:added {' '.join(added)} -->" if gh else "{{pmkb:added " + " ".join(added) + "}}")
+    return "\n".join(lines)
+
+
+def labels_in_comment(body: str) -> list[str]:
+    """The labels a pmkb comment says were applied (from its Labels line)."""
+    match = _LABELS_LINE.search(body)
+    return _LABEL.findall(match.group(1)) if match else []
+
+
+def labels_added_by_pmkb(body: str) -> list[str]:
+    """The labels a pmkb comment records pmkb itself added (from its last line; none if it has no record)."""
+    lines = body.strip().splitlines()
+    match = _ADDED_LINE.match(lines[-1].strip()) if lines else None
+    return match.group(1).split() if match else []
+
+
+def _dry_run(outbox: Path, ref: TicketRef, labels: list[str], body: str) -> dict:
+    at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    if ref.system == "github":
+        owner, repo, number = ref.github_parts()
+        base = f"/repos/{owner}/{repo}/issues/{number}"
+        actions = ([{"action": "add_labels", "method": "POST", "path": f"{base}/labels", "json": {"labels": labels}}]
+                   if labels else [])
+        actions.append({"action": "upsert_comment", "method": "POST", "path": f"{base}/comments",
+                        "json": {"body": body}})
+    else:
+        base = f"/rest/api/2/issue/{ref.key}"
+        actions = ([{"action": "add_labels", "method": "PUT", "path": base,
+                     "json": {"update": {"labels": [{"add": label} for label in labels]}}}] if labels else [])
+        actions.append({"action": "upsert_comment", "method": "POST", "path": f"{base}/comment",
+                        "json": {"body": body}})
+    outbox.parent.mkdir(parents=True, exist_ok=True)
+    with outbox.open("a", encoding="utf-8") as sink:
+        for action in actions:
+            sink.write(json.dumps({"at": at, "system": ref.system, "ticket": ref.key, **action},
+                                  ensure_ascii=False) + "\n")
+    return {"system": ref.system, "ticket": ref.key, "dry_run": True, "outbox": str(outbox),
+            "labels_added": labels, "labels_removed": [], "comment": "planned", "comment_id": None}
+
+
+def write_back(settings: Settings, ref: TicketRef, suggestion: Suggestion, outbox: Path | None = None,
+               client: httpx.Client | None = None) -> dict:
+    """Label the ticket and create or update the one pmkb comment; returns what was done.
+
+    ``outbox`` (or ``settings.writeback_outbox``) makes it a dry run that only records the calls.
+    Raises WriteBackError when a call fails (see its ``retryable`` and ``retry_after``).
+    """
+    labels = suggestion_labels(suggestion)
+    outbox = outbox or settings.writeback_outbox
+    if outbox is not None:
+        return _dry_run(Path(outbox), ref, labels, render_comment(suggestion, threshold_note=True, system=ref.system))
+    own_client = client is None
+    client = client or httpx.Client()
+    try:
+        api = ticket_api(settings, ref, client)
+        me = api.identity()
+        existing = next((c for c in api.comments() if MARKER_TOKEN in (c.get("body") or "") and me.owns(c)), None)
+        on_ticket = api.labels()
+        ours = labels_added_by_pmkb(existing["body"]) if existing else []
+        # A suggested label already on the ticket and not recorded as pmkb's was put there by a person.
+        add = [x for x in labels if x not in on_ticket]
+        removed = [x for x in ours if x in on_ticket and x not in labels]
+        api.change_labels(add, removed)
+        body = render_comment(suggestion, threshold_note=True, system=ref.system,
+                              added=[x for x in labels if x in add or x in ours])
+        if existing and existing.get("body") == body:
+            outcome, comment_id = "unchanged", existing["id"]
+        elif existing:
+            api.update_comment(existing["id"], body)
+            outcome, comment_id = "updated", existing["id"]
+        else:
+            outcome, comment_id = "created", api.create_comment(body)
+    finally:
+        if own_client:
+            client.close()
+    return {"system": ref.system, "ticket": ref.key, "dry_run": False, "labels_added": add,
+            "labels_removed": removed, "comment": outcome, "comment_id": comment_id}
