@@ -38,5 +38,16 @@ def abstain_reason(confidence: float, threshold: float, too_little_text: bool) -
     return LOW_CONFIDENCE if confidence < threshold else None
 
 
+def label_decision(confidence: float, cause_retry_safe: bool, threshold: float, too_little_text: bool) -> dict:
+    """The fields of a Suggestion that follow from its shown cause and that cause's probability:
+    whether it abstains and why, and whether resubmitting is safe (never when it abstains).
+
+    The one place these are decided, for the engine and for a model's relabelling alike.
+    """
+    reason = abstain_reason(confidence, threshold, too_little_text)
+    return {"abstained": reason is not None, "abstain_reason": reason,
+            "retry_safe": cause_retry_safe and reason is None}
+
+
 TOO_LITTLE_ADVICE = ("the ticket says too little to tell the cause; add the error message or log lines, "
                      "the job id and node, and what changed")

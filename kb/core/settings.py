@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     # Layers offloaded to the GPU by llama.cpp (-1: all).
     llm_gpu_layers: int = -1
     llm_context: int = 4096
+    # CPU threads for an in-process model (llamacpp); 0: every core of the machine.
+    llm_threads: int = 0
     llm_timeout: float = 60.0
     # Webhook service.
     github_webhook_secret: SecretStr | None = None
