@@ -12,8 +12,6 @@ from kb.engine.store import ChromaStore
 from ui.highlight import escape_markdown as md
 from ui.highlight import safe_link
 
-DIMENSION_COLOURS = {"hardware": "red", "platform": "blue", "user": "violet"}
-
 
 def apply_threshold(suggestion: Suggestion, threshold: float, taxonomy: Taxonomy) -> Suggestion:
     """The suggestion as shown under another abstain threshold (abstained and retry_safe redone)."""
@@ -62,7 +60,7 @@ def render_incident(incident: Incident, taxonomy: Taxonomy) -> None:
     st.markdown(md(incident.resolution) or "_not recorded_")
 
 
-def _verdict(s: Suggestion, threshold: float) -> None:
+def _verdict(s: Suggestion, threshold: float, taxonomy: Taxonomy) -> None:
     dimension = s.root_cause_dimension
     if s.abstain_reason == TOO_LITTLE_TEXT:
         st.warning(f"**Not sure:** {md(TOO_LITTLE_ADVICE)}. The best guess would be {md(s.root_cause_name)} "
@@ -76,7 +74,7 @@ def _verdict(s: Suggestion, threshold: float) -> None:
         return
     st.caption("Root cause")
     st.markdown(f"### {md(s.root_cause_name)}")
-    st.badge(dimension, color=DIMENSION_COLOURS.get(dimension, "gray"))
+    st.badge(dimension, color=taxonomy.dimension_colour(dimension))
     st.caption(f"`{s.root_cause}`")
     st.progress(min(max(s.root_cause_confidence, 0.0), 1.0),
                 text=f"confidence {s.root_cause_confidence:.0%}")
@@ -149,7 +147,7 @@ def render_similar(s: Suggestion, taxonomy: Taxonomy, store: ChromaStore) -> Non
 def render_card(shown: Suggestion, taxonomy: Taxonomy, threshold: float) -> None:
     """Verdict, candidates, safety, mitigations and reasoning (the shown threshold already applied)."""
     with st.container(border=True):
-        _verdict(shown, threshold)
+        _verdict(shown, threshold, taxonomy)
         _candidates(shown, taxonomy)
         st.markdown(f"**Symptom:** {md(_name(taxonomy, 'symptom', shown.symptom))} "
                     f"{shown.symptom_confidence:.0%}")

@@ -1,17 +1,28 @@
 """The label space as data: symptoms, root-cause categories, mitigations.
 
 Loaded from a YAML file (``data/taxonomy.yaml`` by default) and validated so that a
-broken custom taxonomy fails at load time with the offending entry named.
+broken custom taxonomy fails at load time with the offending entry named. What the engine does
+differently for some labels (look for the suspect node, name it in a step, add the
+low-GPU-utilisation hints, call a cause safe to retry) is a flag on the entry, never its id, so a
+team's own taxonomy with other ids keeps every feature; ``Taxonomy.missing_features`` says which
+features a file turns off by flagging nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger(__name__)
+
+BadgeColour = Literal["red", "orange", "yellow", "green", "blue", "violet", "gray", "grey", "primary"]
+"""Colours a dimension's badge can take on the chat page (Streamlit's badge colours)."""
 
 
 class TaxonomyError(ValueError):
@@ -37,6 +48,9 @@ class Dimension(_Strict):
     description: str = ""
     share: float | None = None  # published share of issues, where a source gives one
     source: str | None = None
+    # Its causes are faults of a machine: the engine looks in the ticket for the node and GPU to suspect.
+    suspect_node: bool = False
+    colour: BadgeColour = "gray"  # the badge colour of its causes on the chat page
 
 
 class Symptom(_Strict):
@@ -46,6 +60,8 @@ class Symptom(_Strict):
     name: str
     definition: str
     indicators: list[str] = Field(default_factory=list)  # phrases typical of such tickets
+    # Jobs run slow or leave GPUs idle: tickets with it get the low-GPU-utilisation hints.
+    low_gpu_utilisation: bool = False
 
 
 class Mitigation(_Strict):
@@ -55,6 +71,8 @@ class Mitigation(_Strict):
     name: str
     definition: str
     next_step: str  # a concrete instruction shown to the on-call
+    # It keeps the job off a suspect node (exclude it, drain it): its next step names the node.
+    excludes_node: bool = False
     share: float | None = None
     source: str | None = None
 
@@ -132,6 +150,48 @@ class Taxonomy(_Strict):
     def mitigation_ids(self) -> list[str]:
         """Mitigation ids in file order."""
         return [m.id for m in self.mitigations]
+
+    @property
+    def low_utilisation_symptoms(self) -> set[str]:
+        """Symptoms flagged ``low_gpu_utilisation``: their tickets get the low-GPU-utilisation hints."""
+        return {s.id for s in self.symptoms if s.low_gpu_utilisation}
+
+    @property
+    def node_exclusion_mitigations(self) -> set[str]:
+        """Mitigations flagged ``excludes_node``: their next step names the suspect node."""
+        return {m.id for m in self.mitigations if m.excludes_node}
+
+    @property
+    def suspect_node_dimensions(self) -> set[str]:
+        """Dimensions flagged ``suspect_node``: faults of a machine, whose node the ticket may name."""
+        return {d.id for d in self.dimensions if d.suspect_node}
+
+    @property
+    def suspect_node_causes(self) -> set[str]:
+        """Root causes in a ``suspect_node`` dimension: for them the engine looks for the suspect node."""
+        dims = self.suspect_node_dimensions
+        return {c.id for c in self.root_causes if c.dimension in dims}
+
+    @property
+    def retry_safe_causes(self) -> set[str]:
+        """Root causes flagged ``retry_safe``."""
+        return {c.id for c in self.root_causes if c.retry_safe}
+
+    def dimension_colour(self, dimension_id: str | None) -> str:
+        """The badge colour of a dimension ("gray" for one the taxonomy does not define)."""
+        return next((d.colour for d in self.dimensions if d.id == dimension_id), "gray")
+
+    def missing_features(self) -> list[str]:
+        """The features this taxonomy turns off because no entry carries their flag."""
+        flags = ((self.suspect_node_dimensions, "no dimension has suspect_node: true, so the suspect node "
+                  "is never looked for unless a log signature points to one"),
+                 (self.node_exclusion_mitigations, "no mitigation has excludes_node: true, so no next step "
+                  "names the suspect node"),
+                 (self.low_utilisation_symptoms, "no symptom has low_gpu_utilisation: true, so only log "
+                  "signatures bring the low-GPU-utilisation hints"),
+                 (self.retry_safe_causes, "no root cause has retry_safe: true, so no suggestion is "
+                  "called safe to retry"))
+        return [message for flagged, message in flags if not flagged]
 
 
 class LowUtilCategory(_Strict):
@@ -244,8 +304,14 @@ def _locate(raw: dict, loc: tuple) -> str:
 
 @lru_cache(maxsize=8)
 def load_taxonomy(path: Path | str) -> Taxonomy:
-    """Load and validate a taxonomy file; raises TaxonomyError naming the bad entry."""
-    return parse_taxonomy(_read_yaml(Path(path)), path)
+    """Load and validate a taxonomy file; raises TaxonomyError naming the bad entry.
+
+    A file that flags no entry for a feature loads, with a warning naming the feature it turns off.
+    """
+    tax = parse_taxonomy(_read_yaml(Path(path)), path)
+    for message in tax.missing_features():
+        log.warning("%s: %s", path, message)
+    return tax
 
 
 @lru_cache(maxsize=8)

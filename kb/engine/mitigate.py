@@ -55,17 +55,24 @@ def rank_mitigations(taxonomy: Taxonomy, cause_probs: list[tuple[str, float]],
     has_votes = any(votes.values())
     share = DEFAULTS_SHARE if has_votes else 1.0
     scores = {m: share * from_defaults[m] + (1 - share) * votes[m] for m in ids}
+    names_node = taxonomy.node_exclusion_mitigations if suspect and suspect.get("node") else set()
     steps = []
     for mid, score in sorted(scores.items(), key=lambda kv: -kv[1]):
         if score < 0.02:
             continue
         step = taxonomy.mitigation(mid).next_step
-        if suspect and suspect.get("node") and mid in {"job_resubmission", "node_repair"}:
+        if mid in names_node:
             step = f"{step} Suspect node: {suspect['node']}" + (
                 f", GPU {suspect['gpu']}." if suspect.get("gpu") else ".")
         steps.append(MitigationStep(id=mid, confidence=round(score, 4), next_step=step,
                                     from_incidents=[h.id for h in similar if h.mitigation == mid][:3]))
     return steps
+
+
+def wants_low_utilisation_hints(taxonomy: Taxonomy, symptom: str, evidence: list[Evidence]) -> bool:
+    """Whether a ticket gets the low-GPU-utilisation hints: its symptom is flagged
+    ``low_gpu_utilisation`` in the taxonomy, or a log signature points to such a category."""
+    return symptom in taxonomy.low_utilisation_symptoms or any(e.low_gpu_utilisation for e in evidence)
 
 
 def low_utilisation_hints(low_util: LowUtilTaxonomy, evidence: list[Evidence],
