@@ -1,6 +1,8 @@
 """The evaluation computes its figures from predictions; checked on cases with known answers."""
 
 import json
+import math
+import random
 
 import pytest
 
@@ -10,11 +12,13 @@ from kb.core.taxonomy import load_taxonomy
 from kb.engine.suggest import SuggestionEngine
 from kb.jobs.evaluate import (
     Case,
+    accuracy,
     confusion,
     evaluate,
     evaluate_kfold,
     fill_dimensions,
     format_report,
+    label_figures,
     load_cases,
     macro_f1,
     per_class,
@@ -127,3 +131,43 @@ def test_evaluate_and_kfold_on_labelled_tickets(shared_bundled_kb, tmp_path):
     assert result["risk_coverage"][0]["coverage"] == 1.0
     kfold = evaluate_kfold(shared_bundled_kb, cases, folds=2)
     assert kfold["figures"]["n"] == 20 and kfold["folds"] == 2
+
+
+def _counted_figures(truth, pred):
+    """Per-label figures counted by hand: the reference scikit-learn's must equal."""
+    out = {}
+    for label in sorted(set(truth) | set(pred)):
+        tp = sum(t == label == p for t, p in zip(truth, pred))
+        n_pred, support = pred.count(label), truth.count(label)
+        out[label] = {"support": support, "precision": tp / n_pred if n_pred else 0.0,
+                      "recall": tp / support if support else 0.0, "f1": 2 * tp / (n_pred + support) if tp else 0.0}
+    return out
+
+
+def test_scikit_learn_figures_equal_the_counted_ones():
+    rng = random.Random(7)
+    for _ in range(200):
+        labels = ["a", "b", "c", "d", "e"][:rng.randint(1, 5)]
+        n = rng.randint(1, 30)
+        truth, pred = [rng.choice(labels) for _ in range(n)], [rng.choice(labels + ["z"]) for _ in range(n)]
+        counted = _counted_figures(truth, pred)
+        assert label_figures(truth, pred) == counted
+        assert macro_f1(truth, pred) == pytest.approx(sum(counted[x]["f1"] for x in set(truth)) / len(set(truth)))
+        assert accuracy(truth, pred) == sum(t == p for t, p in zip(truth, pred)) / n
+
+
+def test_accuracy_of_nothing_is_nan_and_a_missing_label_matches_only_a_missing_one():
+    assert math.isnan(accuracy([], []))
+    assert accuracy(["a", None, None], ["a", None, "b"]) == pytest.approx(2 / 3)
+
+
+def test_confusion_rows_put_the_most_frequent_first_then_the_first_seen():
+    causes = [("gpu_lost", "nic_failure"), ("gpu_lost", "disk_failure"), ("gpu_lost", "disk_failure"),
+              ("gpu_lost", "buggy_code"), ("gpu_lost", "nic_failure"), ("gpu_lost", "buggy_code"),
+              ("gpu_lost", "gpu_lost"), ("buggy_code", "system_defect")]
+    cases = [_case(truth, "hardware") for truth, _ in causes]
+    preds = [_pred(predicted, "hardware") for _, predicted in causes]
+    table = confusion(cases, preds)
+    assert list(table) == ["buggy_code", "gpu_lost"]
+    assert list(table["gpu_lost"].items()) == [("nic_failure", 2), ("disk_failure", 2), ("buggy_code", 2)]
+    assert confusion([], []) == {}

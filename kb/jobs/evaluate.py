@@ -1,4 +1,8 @@
-"""Evaluation on labelled tickets: accuracy, macro-F1, calibration, retrieval and baselines."""
+"""Evaluation on labelled tickets: accuracy, macro-F1, calibration, retrieval and baselines.
+
+Accuracy, per-class figures, macro-F1 and the confusion counts are scikit-learn's; the top-k,
+alternative-label and retrieval figures are shares computed here.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
 
 from kb.core.incidents import Incident
 from kb.core.suggestion import Suggestion, Ticket
@@ -62,21 +67,27 @@ def fill_dimensions(cases: list[Case], taxonomy) -> list[Case]:
 
 def label_figures(truth: list[str], pred: list[str]) -> dict[str, dict[str, float]]:
     """Precision, recall, F1 and support for every label seen in truth or prediction."""
-    out = {}
-    for label in sorted(set(truth) | set(pred)):
-        tp = sum(t == label == p for t, p in zip(truth, pred))
-        n_pred, support = pred.count(label), truth.count(label)
-        out[label] = {"support": support, "precision": tp / n_pred if n_pred else 0.0,
-                      "recall": tp / support if support else 0.0,
-                      "f1": 2 * tp / (n_pred + support) if tp else 0.0}
-    return out
+    labels = sorted(set(truth) | set(pred))
+    if not labels:
+        return {}
+    precision, recall, f1, support = precision_recall_fscore_support(truth, pred, labels=labels,
+                                                                     zero_division=0.0)
+    return {label: {"support": int(n), "precision": float(p), "recall": float(r), "f1": float(f)}
+            for label, p, r, f, n in zip(labels, precision, recall, f1, support)}
 
 
 def macro_f1(truth: list[str], pred: list[str]) -> float:
     """Macro-averaged F1 over the classes present in the truth."""
-    table = label_figures(truth, pred)
-    scores = [table[label]["f1"] for label in set(truth)]
-    return float(np.mean(scores)) if scores else 0.0
+    labels = sorted(set(truth))
+    return float(f1_score(truth, pred, labels=labels, average="macro", zero_division=0.0)) if labels else 0.0
+
+
+def accuracy(truth: list[str | None], pred: list[str | None]) -> float:
+    """Share of predictions equal to the truth; NaN when there is nothing to compare. A missing
+    label (None) counts as a label of its own, equal only to another missing one."""
+    if not truth:
+        return float("nan")
+    return float(accuracy_score(["" if t is None else t for t in truth], ["" if p is None else p for p in pred]))
 
 
 def score(cases: list[Case], preds: list[Suggestion]) -> dict:
@@ -85,36 +96,47 @@ def score(cases: list[Case], preds: list[Suggestion]) -> dict:
     top1 = [p.root_cause for p in preds]
     correct = [t == p for t, p in zip(truth, top1)]
     kept = [i for i, p in enumerate(preds) if not p.abstained]
-    with_sym = [(c, p) for c, p in zip(cases, preds) if c.symptom]
-    with_mit = [(c, p) for c, p in zip(cases, preds) if c.mitigation]
-    with_dim = [(c, p) for c, p in zip(cases, preds) if c.dimension]
     return {
         "n": len(cases),
-        "top1": float(np.mean(correct)),
+        "top1": accuracy(truth, top1),
         "top1_alt": float(np.mean([p.root_cause in {c.root_cause, *c.alt_root_causes}
                                    for c, p in zip(cases, preds)])),
         "macro_f1": macro_f1(truth, top1),
         "top3": float(np.mean([c.root_cause in [x.id for x in p.root_cause_candidates[:3]]
                                for c, p in zip(cases, preds)])),
-        "dimension": float(np.mean([p.root_cause_dimension == c.dimension for c, p in with_dim])),
-        "symptom": float(np.mean([p.symptom == c.symptom for c, p in with_sym])) if with_sym else float("nan"),
-        "mitigation": float(np.mean([p.mitigation == c.mitigation for c, p in with_mit])) if with_mit else float("nan"),
+        "dimension": _field_accuracy(cases, preds, "dimension", "root_cause_dimension"),
+        "symptom": _field_accuracy(cases, preds, "symptom"),
+        "mitigation": _field_accuracy(cases, preds, "mitigation"),
         "coverage": len(kept) / len(cases),
-        "precision_when_labelled": float(np.mean([correct[i] for i in kept])) if kept else float("nan"),
+        "precision_when_labelled": accuracy([truth[i] for i in kept], [top1[i] for i in kept]),
         "ece": expected_calibration_error([p.root_cause_confidence for p in preds], correct),
         "recall_at_5": float(np.mean([any(h.root_cause == c.root_cause for h in p.similar_incidents[:5])
                                       for c, p in zip(cases, preds)])),
     }
 
 
+def _field_accuracy(cases: list[Case], preds: list[Suggestion], field: str, predicted: str | None = None) -> float:
+    """Accuracy of one label over the cases that have it (NaN when none has)."""
+    pairs = [(getattr(c, field), getattr(p, predicted or field)) for c, p in zip(cases, preds) if getattr(c, field)]
+    return accuracy([t for t, _ in pairs], [p for _, p in pairs])
+
+
 def confusion(cases: list[Case], preds: list[Suggestion], field: str = "root_cause") -> dict[str, dict[str, int]]:
-    """truth -> {predicted: count}, errors only, for ``root_cause`` or ``symptom``."""
-    table: dict[str, Counter] = {}
-    for c, p in zip(cases, preds):
-        truth, predicted = getattr(c, field), getattr(p, field)
-        if truth and truth != predicted:
-            table.setdefault(truth, Counter())[predicted] += 1
-    return {k: dict(v.most_common()) for k, v in sorted(table.items())}
+    """truth -> {predicted: count}, errors only, for ``root_cause`` or ``symptom``; each row's most
+    frequent confusion first (ties in the order they first occur)."""
+    pairs = [(getattr(c, field), getattr(p, field)) for c, p in zip(cases, preds) if getattr(c, field)]
+    if not pairs:
+        return {}
+    labels = sorted({x for pair in pairs for x in pair})
+    matrix = confusion_matrix([t for t, _ in pairs], [p for _, p in pairs], labels=labels)
+    first_seen = {pair: n for n, pair in reversed(list(enumerate(pairs)))}
+    table = {}
+    for row, truth in enumerate(labels):
+        errors = [(labels[col], int(n)) for col, n in enumerate(matrix[row]) if n and col != row]
+        errors.sort(key=lambda item: (-item[1], first_seen[truth, item[0]]))
+        if errors:
+            table[truth] = dict(errors)
+    return table
 
 
 def per_class(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, float]]:
@@ -131,10 +153,9 @@ def risk_coverage(cases: list[Case], preds: list[Suggestion],
     it) and the root-cause precision on them. It is how a team picks ``abstain_threshold``."""
     rows = []
     for threshold in thresholds:
-        kept = [c.root_cause == p.root_cause for c, p in zip(cases, preds)
-                if p.root_cause_confidence >= threshold]
+        kept = [(c.root_cause, p.root_cause) for c, p in zip(cases, preds) if p.root_cause_confidence >= threshold]
         rows.append({"threshold": threshold, "coverage": len(kept) / len(cases),
-                     "precision": float(np.mean(kept)) if kept else float("nan")})
+                     "precision": accuracy([t for t, _ in kept], [p for _, p in kept])})
     return rows
 
 
@@ -148,15 +169,15 @@ def second_expert(cases: list[Case], dimension_of: Callable[[str], str | None] |
         return None
 
     def agree(field: str) -> float:
-        rows = [getattr(c, field) == other.get(field) for c, other in pairs if getattr(c, field)]
-        return float(np.mean(rows)) if rows else float("nan")
+        rows = [(getattr(c, field), other.get(field)) for c, other in pairs if getattr(c, field)]
+        return accuracy([mine for mine, _ in rows], [theirs for _, theirs in rows])
 
     # not "top1_alt": a file's alternatives usually include the second expert's own reading
     out = {"n": len(pairs), "top1": agree("root_cause"), "symptom": agree("symptom"),
            "mitigation": agree("mitigation")}
     dims = [(c.dimension, dimension_of(other["root_cause"])) for c, other in pairs if c.dimension and dimension_of]
     if dims:
-        out["dimension"] = float(np.mean([mine == theirs for mine, theirs in dims]))
+        out["dimension"] = accuracy([mine for mine, _ in dims], [theirs for _, theirs in dims])
     return out
 
 
@@ -165,14 +186,14 @@ def baselines(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestio
     incidents = engine.retriever._load().incidents
     majority = Counter(i.root_cause for i in incidents if i.root_cause).most_common(1)[0][0]
     truth = [c.root_cause for c in cases]
-    out = {"majority_class": {"label": majority, "top1": float(np.mean([t == majority for t in truth])),
+    out = {"majority_class": {"label": majority, "top1": accuracy(truth, [majority] * len(truth)),
                               "macro_f1": macro_f1(truth, [majority] * len(truth))}}
     ids = engine.kb.taxonomy.cause_ids
     vote_preds = []
     for p in preds:
         votes = neighbour_votes(p.similar_incidents, ids, "root_cause")
         vote_preds.append(max(votes, key=votes.get) if any(votes.values()) else majority)
-    out["neighbour_vote"] = {"top1": float(np.mean([t == v for t, v in zip(truth, vote_preds)])),
+    out["neighbour_vote"] = {"top1": accuracy(truth, vote_preds),
                              "macro_f1": macro_f1(truth, vote_preds)}
     return out
 
