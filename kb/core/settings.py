@@ -1,19 +1,26 @@
 """Typed settings, read once at each entry point and passed down.
 
 Sources, later ones winning: built-in defaults, an optional YAML config file
-(``--config`` or ``PMKB_CONFIG``), then environment variables prefixed ``PMKB_``.
+(``--config`` or ``PMKB_CONFIG``, read by pydantic-settings' YAML source), environment variables
+prefixed ``PMKB_``, then the values given in code (a command's options).
 """
 
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 
 def bundled_dir(package: str) -> Path:
@@ -42,6 +49,27 @@ def default_home() -> Path:
     """Default knowledge-base directory: ``$XDG_DATA_HOME/pmkb`` or ``~/.local/share/pmkb``."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "pmkb"
+
+
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("pmkb_config_file", default=None)
+"""The YAML config file of the settings being built by ``load_settings`` (None: no file)."""
+
+
+class ConfigFileSource(YamlConfigSettingsSource):
+    """The YAML config file as a settings source; a file that is missing, unreadable or not a
+    mapping of setting names is an error naming the file and the problem, never silently skipped."""
+
+    def _read_files(self, files, deep_merge: bool = False) -> dict[str, Any]:
+        if files is None:
+            return {}
+        path = Path(files)
+        try:
+            values = self._read_file(path)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ValueError(f"cannot read config file {path}: {exc}") from exc
+        if not isinstance(values, dict):
+            raise ValueError(f"config file {path} must hold a mapping of setting names to values")
+        return values
 
 
 class Settings(BaseSettings):
@@ -131,6 +159,17 @@ class Settings(BaseSettings):
         """Directory of the embedded Chroma store."""
         return self.home / "chroma"
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Values given in code, then ``PMKB_*`` variables, then the config file ``load_settings`` names."""
+        return (init_settings, env_settings, dotenv_settings,
+                ConfigFileSource(settings_cls, yaml_file=_CONFIG_FILE.get()), file_secret_settings)
+
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     """Build settings from defaults, an optional YAML file, the environment and overrides.
@@ -139,15 +178,8 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     do not mask the environment.
     """
     path = config or (Path(os.environ["PMKB_CONFIG"]) if os.environ.get("PMKB_CONFIG") else None)
-    file_values: dict[str, Any] = {}
-    if path is not None:
-        try:
-            file_values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"cannot read config file {path}: {exc}") from exc
-        if not isinstance(file_values, dict):
-            raise ValueError(f"config file {path} must hold a mapping of setting names to values")
-    env_set = {name for name in Settings.model_fields if f"PMKB_{name.upper()}" in os.environ}
-    merged = {k: v for k, v in file_values.items() if k not in env_set}
-    merged.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**merged)
+    token = _CONFIG_FILE.set(Path(path) if path is not None else None)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _CONFIG_FILE.reset(token)
