@@ -41,9 +41,11 @@ run: build
 		--browser.gatherUsageStats false
 
 test: $(DEV) $(LLM) chromium
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 test-fast: $(DEV)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow and not browser and not llm"
 
 bench: $(CORE)
