@@ -23,16 +23,21 @@ from kb.core.suggestion import (
     SimilarIncident,
     Suggestion,
 )
+from kb.tickets.api import GitHubTicketApi, Identity, JiraTicketApi
 from kb.tickets.writeback import (
     GITHUB_MARKER,
     JIRA_MARKER,
+    OutboxTicketSystem,
     TicketRef,
+    TicketSystem,
     WriteBackError,
     labels_added_by_pmkb,
     labels_in_comment,
     render_comment,
     suggestion_labels,
     write_back,
+    write_back_retrying,
+    write_suggestion,
 )
 
 __all__ = ["FakeTicketApi", "api_settings", "make_suggestion"]
@@ -328,3 +333,79 @@ def test_the_record_is_read_from_the_last_line_only():
     assert labels_added_by_pmkb(render_comment(make_suggestion(), True, added=["rc:x"])) == ["rc:x"]
     assert labels_added_by_pmkb(render_comment(make_suggestion(), True, "jira", added=["dim:y"])) == ["dim:y"]
     assert labels_added_by_pmkb("") == [] and labels_added_by_pmkb("<!-- pmkb:added -->") == []
+
+
+def test_the_outbox_is_a_ticket_system_like_github_and_jira(tmp_path):
+    github, jira = TicketRef(system="github", key="octo/ops#8"), TicketRef(system="jira", key="OPS-8")
+    outbox = tmp_path / "outbox.jsonl"
+    with FakeTicketApi() as api, httpx.Client() as client:
+        settings = api_settings(tmp_path, api)
+        systems = [GitHubTicketApi(settings, github, client), JiraTicketApi(settings, jira, client),
+                   OutboxTicketSystem(outbox, github), OutboxTicketSystem(outbox, jira)]
+        assert all(isinstance(system, TicketSystem) for system in systems)
+        planned = write_suggestion(systems[2], make_suggestion())
+        done = write_suggestion(systems[0], make_suggestion())
+        posted = api.comments["octo/ops#8"][0]["body"]
+    assert planned == {**done, "dry_run": True, "outbox": str(outbox), "comment": "planned", "comment_id": None}
+    assert done["dry_run"] is False and done["comment"] == "created"
+    # the dry run plans the very comment a first write-back posts
+    assert [json.loads(x)["json"] for x in outbox.read_text().splitlines()][-1] == {"body": posted}
+
+
+class _MemoryTicket:
+    """A ticket system held in memory, as a team's own tracker could be plugged in."""
+
+    def __init__(self):
+        self.ref, self.comments_, self.labels_ = TicketRef(system="jira", key="MEM-1"), [], ["team"]
+
+    def identity(self) -> Identity:
+        return Identity(jira_user=("name", "pmkb"))
+
+    def comments(self) -> list[dict]:
+        return self.comments_
+
+    def labels(self) -> list[str]:
+        return list(self.labels_)
+
+    def change_labels(self, add, remove):
+        self.labels_ = [x for x in self.labels_ + add if x not in remove]
+
+    def create_comment(self, body):
+        self.comments_.append({"id": len(self.comments_) + 1, "body": body, "author": {"name": "pmkb"}})
+        return len(self.comments_)
+
+    def update_comment(self, comment_id, body):
+        self.comments_[int(comment_id) - 1]["body"] = body
+
+    def outcome(self) -> dict:
+        return {"dry_run": False}
+
+
+def test_write_suggestion_takes_any_ticket_system():
+    ticket = _MemoryTicket()
+    assert isinstance(ticket, TicketSystem)
+    first = write_suggestion(ticket, make_suggestion())
+    again = write_suggestion(ticket, make_suggestion(root_cause="gpu_lost"))
+    assert first["comment"] == "created" and again["comment"] == "updated" and len(ticket.comments_) == 1
+    assert ticket.labels_ == ["team", "dim:hardware", "symptom:job_crash", "rc:gpu_lost"]
+    assert again["labels_removed"] == ["rc:gpu_memory_error"]
+
+
+def test_write_back_retrying_waits_longer_each_time_and_gives_up_on_a_lasting_error(tmp_path):
+    waits: list[float] = []
+    with FakeTicketApi() as api:
+        settings = api_settings(tmp_path, api)
+        api.fail_next = 2
+        done = write_back_retrying(settings, TicketRef(system="github", key="octo/ops#9"), make_suggestion(),
+                                   sleep=waits.append)
+        assert done["comment"] == "created" and waits == [1.0, 2.0]
+        api.missing.add("octo/ops#404")
+        waits.clear()
+        with pytest.raises(WriteBackError, match="HTTP 404"):
+            write_back_retrying(settings, TicketRef(system="github", key="octo/ops#404"), make_suggestion(),
+                                sleep=waits.append)
+        assert waits == []
+        api.fail_next = 5
+        with pytest.raises(WriteBackError, match="HTTP 502"):
+            write_back_retrying(settings, TicketRef(system="jira", key="OPS-9"), make_suggestion(), sleep=waits.append)
+        assert waits == [1.0, 2.0]

@@ -1,7 +1,9 @@
 """REST access to one GitHub or Jira ticket for the write-back: auth, errors, retry hints, identity.
 
-The write-back trusts only comments written by the account behind its token, so each client can
-say who that account is (``identity``) and whether a comment is by it (``Identity.owns``).
+Each client is a ``TicketSystem``, as is the dry run's outbox (kb/tickets/outbox.py): the
+write-back speaks to all three the same way. It trusts only comments written by the account
+behind the token, so each can say who that account is (``identity``) and whether a comment is
+by it (``Identity.owns``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import httpx
@@ -113,8 +115,11 @@ def forget_identities() -> None:
     _IDENTITIES.clear()
 
 
-class TicketApi(Protocol):
-    """The calls the write-back makes on one ticket, on GitHub or Jira."""
+@runtime_checkable
+class TicketSystem(Protocol):
+    """Where the write-back writes one ticket's suggestion: GitHub, Jira, or the dry run's outbox."""
+
+    ref: TicketRef  # the ticket written to
 
     def identity(self) -> Identity:
         """The account behind the token."""
@@ -133,6 +138,9 @@ class TicketApi(Protocol):
 
     def update_comment(self, comment_id: str | int, body: str) -> None:
         """Replace the body of a comment."""
+
+    def outcome(self) -> dict:
+        """What a write-back to it reports besides the labels and the comment (``dry_run`` at least)."""
 
 
 class _RestClient:
@@ -174,6 +182,10 @@ class _RestClient:
 
     def _lookup_identity(self) -> Identity:
         raise NotImplementedError
+
+    def outcome(self) -> dict:
+        """A call to the ticket system itself: no dry run."""
+        return {"dry_run": False}
 
 
 class GitHubTicketApi(_RestClient):
@@ -285,6 +297,6 @@ class JiraTicketApi(_RestClient):
         self.call("PUT", f"{self.issue}/comment/{comment_id}", {"body": body})
 
 
-def ticket_api(settings: Settings, ref: TicketRef, client: httpx.Client) -> TicketApi:
+def ticket_api(settings: Settings, ref: TicketRef, client: httpx.Client) -> TicketSystem:
     """The REST client for the ticket's system; raises WriteBackError when its token is not set."""
     return (GitHubTicketApi if ref.system == "github" else JiraTicketApi)(settings, ref, client)

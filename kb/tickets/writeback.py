@@ -4,26 +4,33 @@ Idempotent: the comment carries a marker, so a second run (a redelivery, an edit
 restart mid-way) finds the comment it posted before and updates it instead of adding another.
 Only a marked comment written by the account behind pmkb's token is pmkb's: anyone can type the
 marker. The comment records, on its last line, the labels pmkb itself added; only those are ever
-removed, so a label a person put on the ticket stays even when it equals one pmkb suggests. A dry
-run writes each intended call to an outbox JSONL file instead of calling the API.
+removed, so a label a person put on the ticket stays even when it equals one pmkb suggests.
+
+``write_suggestion`` does this on any ``TicketSystem``: a GitHub or Jira client, or a dry run's
+outbox, which records each intended call in a JSONL file instead of calling the API.
+``write_back`` picks the system from the settings; ``write_back_retrying`` also retries it in
+process on transient errors (tenacity), for callers without a durable queue.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from datetime import datetime, timezone
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.core.settings import Settings
 from kb.core.suggestion import Suggestion
-from kb.tickets.api import TicketRef, WriteBackError, ticket_api
+from kb.tickets.api import TicketRef, TicketSystem, WriteBackError, ticket_api
+from kb.tickets.outbox import OutboxTicketSystem
 
-__all__ = ["GITHUB_MARKER", "JIRA_MARKER", "TicketRef", "WriteBackError", "labels_added_by_pmkb",
-           "labels_in_comment", "render_comment", "suggestion_labels", "write_back"]
+__all__ = ["GITHUB_MARKER", "JIRA_MARKER", "OutboxTicketSystem", "TicketRef", "TicketSystem", "WriteBackError",
+           "labels_added_by_pmkb", "labels_in_comment", "render_comment", "suggestion_labels", "write_back",
+           "write_back_retrying", "write_suggestion"]
 
 GITHUB_MARKER = "<!-- pmkb:suggestion -->"
 """First line of the pmkb comment on GitHub (an HTML comment: invisible when rendered)."""
@@ -130,64 +137,58 @@ def labels_added_by_pmkb(body: str) -> list[str]:
     return match.group(1).split() if match else []
 
 
-def _dry_run(outbox: Path, ref: TicketRef, labels: list[str], body: str) -> dict:
-    at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    if ref.system == "github":
-        owner, repo, number = ref.github_parts()
-        base = f"/repos/{owner}/{repo}/issues/{number}"
-        actions = ([{"action": "add_labels", "method": "POST", "path": f"{base}/labels", "json": {"labels": labels}}]
-                   if labels else [])
-        actions.append({"action": "upsert_comment", "method": "POST", "path": f"{base}/comments",
-                        "json": {"body": body}})
+def write_suggestion(system: TicketSystem, suggestion: Suggestion) -> dict:
+    """Label the ticket and create or update the one pmkb comment on it; returns what was done.
+
+    Raises WriteBackError when a call fails (see its ``retryable`` and ``retry_after``).
+    """
+    ref, labels = system.ref, suggestion_labels(suggestion)
+    me = system.identity()
+    existing = next((c for c in system.comments() if MARKER_TOKEN in (c.get("body") or "") and me.owns(c)), None)
+    on_ticket = system.labels()
+    ours = labels_added_by_pmkb(existing["body"]) if existing else []
+    # A suggested label already on the ticket and not recorded as pmkb's was put there by a person.
+    add = [x for x in labels if x not in on_ticket]
+    removed = [x for x in ours if x in on_ticket and x not in labels]
+    system.change_labels(add, removed)
+    body = render_comment(suggestion, threshold_note=True, system=ref.system,
+                          added=[x for x in labels if x in add or x in ours])
+    if existing and existing.get("body") == body:
+        outcome, comment_id = "unchanged", existing["id"]
+    elif existing:
+        system.update_comment(existing["id"], body)
+        outcome, comment_id = "updated", existing["id"]
     else:
-        base = f"/rest/api/2/issue/{ref.key}"
-        actions = ([{"action": "add_labels", "method": "PUT", "path": base,
-                     "json": {"update": {"labels": [{"add": label} for label in labels]}}}] if labels else [])
-        actions.append({"action": "upsert_comment", "method": "POST", "path": f"{base}/comment",
-                        "json": {"body": body}})
-    outbox.parent.mkdir(parents=True, exist_ok=True)
-    with outbox.open("a", encoding="utf-8") as sink:
-        for action in actions:
-            sink.write(json.dumps({"at": at, "system": ref.system, "ticket": ref.key, **action},
-                                  ensure_ascii=False) + "\n")
-    return {"system": ref.system, "ticket": ref.key, "dry_run": True, "outbox": str(outbox),
-            "labels_added": labels, "labels_removed": [], "comment": "planned", "comment_id": None}
+        outcome, comment_id = "created", system.create_comment(body)
+    done = {"system": ref.system, "ticket": ref.key, "dry_run": False, "labels_added": add,
+            "labels_removed": removed, "comment": outcome, "comment_id": comment_id}
+    return {**done, **system.outcome()}
 
 
 def write_back(settings: Settings, ref: TicketRef, suggestion: Suggestion, outbox: Path | None = None,
                client: httpx.Client | None = None) -> dict:
-    """Label the ticket and create or update the one pmkb comment; returns what was done.
-
-    ``outbox`` (or ``settings.writeback_outbox``) makes it a dry run that only records the calls.
-    Raises WriteBackError when a call fails (see its ``retryable`` and ``retry_after``).
-    """
-    labels = suggestion_labels(suggestion)
+    """``write_suggestion`` on the ticket's system: GitHub or Jira over ``client`` (one of its own
+    when None), or a dry run into ``outbox`` (or ``settings.writeback_outbox``) when one is set."""
     outbox = outbox or settings.writeback_outbox
     if outbox is not None:
-        return _dry_run(Path(outbox), ref, labels, render_comment(suggestion, threshold_note=True, system=ref.system))
+        return write_suggestion(OutboxTicketSystem(Path(outbox), ref), suggestion)
     own_client = client is None
     client = client or httpx.Client()
     try:
-        api = ticket_api(settings, ref, client)
-        me = api.identity()
-        existing = next((c for c in api.comments() if MARKER_TOKEN in (c.get("body") or "") and me.owns(c)), None)
-        on_ticket = api.labels()
-        ours = labels_added_by_pmkb(existing["body"]) if existing else []
-        # A suggested label already on the ticket and not recorded as pmkb's was put there by a person.
-        add = [x for x in labels if x not in on_ticket]
-        removed = [x for x in ours if x in on_ticket and x not in labels]
-        api.change_labels(add, removed)
-        body = render_comment(suggestion, threshold_note=True, system=ref.system,
-                              added=[x for x in labels if x in add or x in ours])
-        if existing and existing.get("body") == body:
-            outcome, comment_id = "unchanged", existing["id"]
-        elif existing:
-            api.update_comment(existing["id"], body)
-            outcome, comment_id = "updated", existing["id"]
-        else:
-            outcome, comment_id = "created", api.create_comment(body)
+        return write_suggestion(ticket_api(settings, ref, client), suggestion)
     finally:
         if own_client:
             client.close()
-    return {"system": ref.system, "ticket": ref.key, "dry_run": False, "labels_added": add,
-            "labels_removed": removed, "comment": outcome, "comment_id": comment_id}
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, WriteBackError) and exc.retryable
+
+
+def write_back_retrying(settings: Settings, ref: TicketRef, suggestion: Suggestion, outbox: Path | None = None,
+                        attempts: int = 3, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """``write_back``, tried up to ``attempts`` times while the error is retryable, waiting 1 s,
+    2 s, 4 s ... between tries; the last error is raised as it is."""
+    retrying = Retrying(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=1, exp_base=2),
+                        retry=retry_if_exception(_transient), reraise=True, sleep=sleep)
+    return retrying(write_back, settings, ref, suggestion, outbox=outbox)
