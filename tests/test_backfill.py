@@ -15,9 +15,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fake_model_server import FakeModelServer, first_choices
 
 from ingest import read_paths
 from kb.core.incidents import Provenance
+from kb.core.settings import Settings
 from kb.core.suggestion import Ticket
 from kb.engine.classify import Calibration
 from kb.engine.knowledge import KnowledgeBase
@@ -31,6 +33,8 @@ from kb.jobs.backfill import (
     run_backfill,
     sidecar,
 )
+from kb.llm.backends import ResponseCache, make_generator
+from kb.llm.suggester import LLMSuggester, make_suggester
 from tests.conftest import ROOT, make_settings
 
 BUNDLED = sorted((ROOT / "data" / "incidents").glob("*.jsonl"))
@@ -276,23 +280,27 @@ def test_write_back_github_and_jira_dry_run(hashing_engine, tmp_path):
     assert error["id"] == "not-a-key" and error["stage"] == "write_back" and "OPS-12" in error["error"]
 
 
-def test_llm_stage_is_skipped_with_a_log_line_when_the_layer_is_missing(hashing_engine, tmp_path,
-                                                                       monkeypatch):
-    import kb.jobs.backfill
-
-    monkeypatch.setattr(kb.jobs.backfill, "LLM_MODULE", "kb.no_such_llm_layer")
-    monkeypatch.setattr(hashing_engine.settings, "llm", "openai")
+def test_llm_stage_refines_the_batchs_suggestions_without_suggesting_again(hashing_engine, tmp_path,
+                                                                          monkeypatch):
+    """The shell's suggester refines what the batch suggested, on --concurrency threads."""
+    said = "The ticket matches an earlier incident. Follow its runbook."
     source = tmp_path / "tickets.jsonl"
-    write_tickets(source, 3)
-    lines: list[str] = []
-    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=tmp_path / "o.jsonl"),
-                          log=lines.append)
-    assert result.annotated == 3 and result.llm.startswith("skipped")
-    assert any("LLM stage skipped" in line for line in lines)
+    write_tickets(source, 5)
+    out = tmp_path / "out.jsonl"
+    with FakeModelServer(first_choices(said)) as model:
+        suggester = LLMSuggester(hashing_engine, make_generator(Settings(home=tmp_path, **model.settings())),
+                                 cache=ResponseCache(None))
+        monkeypatch.setattr(hashing_engine, "suggest", lambda *a, **k: pytest.fail("suggested twice"))
+        result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=3),
+                              suggester)
+    assert (result.annotated, result.failed, result.llm) == (5, 0, "openai:served")
+    assert len(model.requests) == 5
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["explanation"].startswith(said) and r["trace"]["llm_prose"] == "accepted" for r in records)
 
 
 def test_llm_stage_runs_through_the_llm_layer(hashing_engine, tmp_path, monkeypatch):
-    """The real kb.llm.suggester, against a model server that is down: each record says so in its trace."""
+    """make_suggester over the engine, against a model server that is down: each record says so in its trace."""
     import socket
 
     with socket.socket() as sock:
@@ -304,7 +312,8 @@ def test_llm_stage_runs_through_the_llm_layer(hashing_engine, tmp_path, monkeypa
     source = tmp_path / "tickets.jsonl"
     write_tickets(source, 4)
     out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2))
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2),
+                          make_suggester(hashing_engine))
     assert (result.annotated, result.failed, result.llm) == (4, 0, "openai:served")
     traces = [json.loads(line)["trace"] for line in out.read_text().splitlines()]
     assert all(t["llm"]["backend"] == "openai" and t["llm_failed"] for t in traces)
@@ -321,7 +330,8 @@ def test_llm_stage_with_the_real_gguf(hashing_engine, tmp_path, monkeypatch):
     source = tmp_path / "tickets.jsonl"
     write_tickets(source, 2)
     out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2))
+    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2),
+                          make_suggester(hashing_engine))
     assert result.annotated == 2 and result.llm.startswith("llamacpp:")
     for record in map(json.loads, out.read_text().splitlines()):
         assert record["trace"]["llm"]["backend"] == "llamacpp" and record["trace"]["llm_attempts"] >= 1

@@ -13,8 +13,9 @@ from kb.engine.classify import Calibration
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.suggest import SuggestionEngine
 from kb.llm.backends import LlamaCppGenerator, ResponseCache
-from kb.llm.chain import KnowledgeRetriever, structured_chain
+from kb.llm.chain import structured_chain
 from kb.llm.prompting import load_prompt
+from kb.llm.retriever import KnowledgeRetriever
 
 INCIDENT_KEYS = {"kind", "id", "title", "score", "dense", "lexical", "symptom", "root_cause",
                  "root_cause_dimension", "mitigation", "resolution", "provenance", "source"}

@@ -1,8 +1,10 @@
-"""LLM backends and the LLM-assisted suggester: validity, citations, fallbacks, cache, limits.
+"""LLM backends and the LLM-assisted suggester: validity, citations, fallbacks, cache, limits, and the
+suggester as a Suggester (refine; the explanation's length; prose held to the card).
 
 Tests marked ``llm`` load the real gemma-3-270m GGUF (shipped as a PyPI package) or start
 llama-cpp-python's OpenAI-compatible server on 127.0.0.1. They check the machinery (schema,
-validation, fallbacks, cache, budgets), never the model's judgement.
+validation, fallbacks, cache, budgets), never the model's judgement. The rest craft the model's
+answers with an OpenAI-compatible stand-in (``tests/fake_model_server.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import time
 
 import httpx
 import pytest
+from fake_model_server import FakeModelServer, first_choices
 
 from kb.core.abstain import TOO_LITTLE_TEXT
+from kb.core.roles import Suggester
 from kb.core.settings import Settings
 from kb.core.suggestion import Candidate, Ticket
 from kb.engine.classify import Calibration
@@ -33,14 +37,18 @@ from kb.llm.backends import (
 from kb.llm.suggester import (
     ACCEPT_FLOOR,
     ACCEPT_MARGIN,
+    EXPLANATION_CHARS,
     InvalidAnswer,
     LLMAnswer,
     LLMSuggester,
     answer_schema,
+    check_prose,
     combine_choice,
+    fit_explanation,
     make_suggester,
     parse_answer,
 )
+from tests.conftest import ROOT
 
 XID_TICKET = Ticket(id="t-xid", title="Training job died on gpu-n07 after 3 hours",
                     description="Our 64-GPU run crashed. Kernel log of the node:",
@@ -325,3 +333,154 @@ def test_openai_backend_against_llama_cpp_server(_built_kb_dir, engine, llama_se
     assert result.trace["llm"]["backend"] == "openai" and result.trace["llm"]["base_url"] == llama_server
     assert result.trace["llm_failed"] is False, result.trace["llm_error"]
     assert set(result.trace["llm_choice"]["citations"]) <= {h.id for h in result.similar_incidents}
+
+
+def test_llamacpp_runs_on_the_configured_threads(tmp_path, monkeypatch):
+    """llama-cpp-python's own default is half the cores for generation; pmkb sets both counts."""
+    import os
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    made = []
+
+    class RecordingLlama:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+    monkeypatch.setattr(llama_cpp, "Llama", RecordingLlama)
+    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    every = LlamaCppGenerator(Settings(home=tmp_path, llm="llamacpp", llm_model=str(gguf)))
+    every.llama
+    three = LlamaCppGenerator(Settings(home=tmp_path, llm="llamacpp", llm_model=str(gguf), llm_threads=3))
+    three.llama
+    assert [(m["n_threads"], m["n_threads_batch"]) for m in made] == [(os.cpu_count(), os.cpu_count()), (3, 3)]
+    assert every.describe()["threads"] == os.cpu_count() and three.describe()["threads"] == 3
+
+
+# --- the suggester as a Suggester: refine, the explanation's length, prose held to the card ---
+
+@pytest.fixture(scope="module")
+def base(engine):
+    """The engine's suggestion for the Xid 79 ticket."""
+    return engine.suggest(XID_TICKET)
+
+
+def suggester_on(model: FakeModelServer, engine, tmp_path) -> LLMSuggester:
+    """An LLM suggester over the engine, asking the stand-in model server."""
+    settings = Settings(home=tmp_path, **model.settings())
+    return LLMSuggester(engine, make_generator(settings), cache=ResponseCache(None))
+
+
+# --- the explanation fits instead of being cut -----------------------------------------------
+
+def test_an_explanation_is_shown_whole_cut_at_a_sentence_or_rejected():
+    assert fit_explanation("GPU 3 fell off the bus.  Drain gpu-n07.") == ("GPU 3 fell off the bus. Drain gpu-n07.",
+                                                                          "whole")
+    long = "Xid 79 on gpu-n07 means the GPU fell off the bus. " + "Drain the node and resubmit the job " * 12 + "."
+    text, fit = fit_explanation(long)
+    assert text == "Xid 79 on gpu-n07 means the GPU fell off the bus." and fit.startswith("cut")
+    assert f"over {EXPLANATION_CHARS} characters" in fit
+    text, fit = fit_explanation("The GPU fell off the bus. Drain the node and resub")  # the 300-character cut
+    assert text == "The GPU fell off the bus." and "mid-sentence" in fit
+    assert fit_explanation("a" * 400)[0] is None and fit_explanation("the GPU fell off")[1].startswith("rejected")
+    assert fit_explanation("Version 2.5 of the driver is older. Upgrade it.") == (
+        "Version 2.5 of the driver is older. Upgrade it.", "whole")  # a decimal point ends no sentence
+    assert fit_explanation("  ")[0] is None
+
+
+def test_the_prompt_tells_the_model_the_limit(engine, base, tmp_path):
+    messages, _ = LLMSuggester(engine, make_generator(Settings(home=tmp_path, llm="openai",
+                                                               llm_base_url="http://127.0.0.1:9/v1")),
+                               cache=ResponseCache(None)).prompt_for(XID_TICKET, base)
+    assert f"at most {EXPLANATION_CHARS} characters" in messages[0]["content"]
+
+
+# --- prose is checked against the card --------------------------------------------------------
+
+def test_prose_may_name_only_the_cause_symptom_and_incidents_the_card_shows(engine, base):
+    tax = engine.kb.taxonomy
+    known = {i.id for i in engine.retriever.incidents()}
+    shown_ids = [h.id for h in base.similar_incidents]
+    other_cause = next(c for c in tax.root_causes if c.id != base.root_cause)
+    other_symptom = next(s for s in tax.symptoms if s.id != base.symptom)
+    stranger = next(i for i in sorted(known) if i not in shown_ids)
+
+    def check(text, cited=()):
+        return check_prose(text, base, tax, known, list(cited))
+
+    assert check(f"Xid 79 on gpu-n07: {base.root_cause} as in {shown_ids[0]}. Drain gpu-n07.") is None
+    assert check(f"{tax.root_cause(base.root_cause).name} on gpu-n07. Drain it.") is None
+    assert "names root cause " + other_cause.id in check(f"This is {other_cause.id}. Drain gpu-n07.")
+    assert other_cause.id in check(f"Looks like {other_cause.name.lower()} again. Drain gpu-n07.")
+    assert other_symptom.id in check(f"The job shows {other_symptom.id}. Resubmit.")
+    assert stranger in check(f"Same as {stranger}, fixed by a reboot. Reboot.")
+    assert stranger in check(f"Same as [{stranger}]. Reboot.")
+    assert check(f"Same as {stranger}. Reboot.", cited=[stranger]) is None  # cited by the answer
+
+
+def test_prose_naming_another_cause_falls_back_to_the_engine_explanation(engine, base, tmp_path):
+    suggester = LLMSuggester(engine, None, cache=ResponseCache(None))
+    other = next(c for c in engine.kb.taxonomy.root_causes
+                 if c.id not in {x.id for x in base.root_cause_candidates})
+    answer = LLMAnswer(root_cause=base.root_cause, symptom=base.symptom, citations=[],
+                       explanation=f"The resolution was {other.name}. Replace the cable.")
+    out = suggester.apply_answer(base, answer, [], {})
+    assert out.explanation == base.explanation and out.root_cause == base.root_cause
+    assert out.trace["llm_prose"] == f"rejected: it names root cause {other.id}, but the card shows {base.root_cause}"
+    stranger = next(i.id for i in engine.retriever.incidents() if i.id not in {h.id for h in base.similar_incidents})
+    out = suggester.apply_answer(base, answer.model_copy(update={"explanation": f"Like {stranger}. Drain it."}), [], {})
+    assert out.explanation == base.explanation and stranger in out.trace["llm_prose"]
+    good = suggester.apply_answer(base, answer.model_copy(update={"explanation": "The GPU fell off the bus. "
+                                                                  "Drain gpu-n07."}), [], {})
+    assert good.explanation == "The GPU fell off the bus. Drain gpu-n07." and good.trace["llm_prose"] == "accepted"
+    relabelled = base.model_copy(update={"root_cause_candidates": [
+        Candidate(id=base.root_cause, confidence=0.5), Candidate(id="buggy_code", confidence=0.05)]})
+    kept = suggester.apply_answer(relabelled, answer.model_copy(update={"root_cause": "buggy_code"}), [], {})
+    assert kept.explanation == base.explanation and kept.trace["llm_prose"].startswith("rejected: it explains")
+
+
+# --- refine: the model over a suggestion already made ---------------------------------------
+
+def test_refine_applies_the_model_to_the_engines_suggestion_without_suggesting_again(engine, base, tmp_path,
+                                                                                   monkeypatch):
+    said = "The GPU on gpu-n07 fell off the bus with Xid 79. Drain the node and resubmit."
+    with FakeModelServer(first_choices(said)) as model:
+        suggester = suggester_on(model, engine, tmp_path)
+        monkeypatch.setattr(engine, "suggest", lambda *a, **k: pytest.fail("refine must reuse the suggestion"))
+        refined = suggester.refine(XID_TICKET, base)
+    assert len(model.requests) == 1 and refined.explanation.startswith(said)
+    assert (refined.trace["llm_failed"], refined.trace["llm_prose"]) == (False, "accepted")
+    assert refined.trace["llm_explanation_fit"] == "whole" and refined.trace["llm"]["backend"] == "openai"
+
+
+def test_an_answer_over_the_limit_is_cut_at_its_last_full_sentence(engine, base, tmp_path):
+    said = "The GPU on gpu-n07 fell off the bus. " + "Drain the node, run the diagnostics and resubmit " * 8 + "."
+    with FakeModelServer(first_choices(said)) as model:
+        refined = suggester_on(model, engine, tmp_path).refine(XID_TICKET, base)
+    assert refined.explanation.startswith("The GPU on gpu-n07 fell off the bus.")
+    assert "Drain" not in refined.explanation and refined.trace["llm_failed"] is False
+    assert refined.trace["llm_explanation_fit"].startswith("cut at the last full sentence")
+
+
+def test_suggest_batch_refines_each_suggestion(engine, tmp_path):
+    said = "The GPU fell off the bus. Drain the node."
+    with FakeModelServer(first_choices(said)) as model:
+        out = suggester_on(model, engine, tmp_path).suggest_batch([XID_TICKET, Ticket(id="empty", title=" ")])
+    assert out[0].explanation.startswith(said) and isinstance(out[1], Exception)
+
+
+def test_the_factory_gives_every_shell_a_suggester(_built_kb_dir, embedder, engine):
+    assert make_suggester(engine) is engine and isinstance(engine, Suggester)
+    configured = SuggestionEngine(KnowledgeBase(Settings(home=_built_kb_dir, llm="openai"), embedder=embedder))
+    suggester = make_suggester(configured)
+    assert isinstance(suggester, Suggester)
+    described = suggester.describe()
+    assert described["llm"]["backend"] == "openai" and "PMKB_LLM_BASE_URL" in described["llm"]["error"]
+    assert described["prompt"]["name"] == "suggest"
+
+
+def test_suggesting_without_a_model_never_imports_langchain():
+    code = ("import sys, kb.llm.suggester, kb.llm.chain, kb.jobs.backfill\n"
+            "assert 'langchain_core' not in sys.modules, sorted(m for m in sys.modules if 'langchain' in m)")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

@@ -24,6 +24,7 @@ import httpx
 import pytest
 import uvicorn
 from conftest import make_settings
+from fake_model_server import FakeModelServer, first_choices
 from test_writeback import FakeTicketApi
 
 from kb.engine.knowledge import KnowledgeBase
@@ -406,3 +407,30 @@ def test_kill_9_with_events_queued_loses_none_and_comments_once(kb_home, tmp_pat
         assert sorted(posts) == sorted(f"/repos/{REPO}/issues/{n}/comments" for n in range(1, 5))
         assert queue.get(ids[0]).attempts == 2 and queue.get(ids[0]).result["comment"] in ("unchanged", "updated")
         assert all(queue.get(i).attempts == 1 for i in ids[1:])
+
+
+MODEL_SAYS = "The model read the double-bit ECC line on gpu-a-17. Drain the node and resubmit the job."
+
+
+def test_the_bot_comments_the_suggestion_the_page_shows_with_a_model_configured(kb_home, embedder, tmp_path):
+    """The worker and /v1/annotate suggest through make_suggester: the model's explanation is in the comment."""
+    home = tmp_path / "kb"
+    shutil.copytree(kb_home, home)
+    outbox = tmp_path / "outbox.jsonl"
+    with FakeModelServer(first_choices(MODEL_SAYS)) as model:
+        settings = make_settings(home, github_webhook_secret=GITHUB_SECRET, api_token=API_TOKEN,
+                                 writeback_outbox=outbox, **model.settings())
+        engine = SuggestionEngine(KnowledgeBase(settings, embedder=embedder))
+        with LiveServer(create_app(settings, engine=engine, poll=0.2)) as server:
+            wait_until(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 60, "/readyz")
+            queued = post_github(server.url, issues_event("opened", 31, *ECC), "model-1").json()
+            assert wait_finished(server.service, queued["event_id"]).status == "done"
+            annotated = httpx.post(f"{server.url}/v1/annotate", json={"id": "T-9", "title": ECC[0],
+                                                                       "description": ECC[1]},
+                                   headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60).json()
+        assert model.requests  # the model was asked
+    comment = next(json.loads(line) for line in outbox.read_text().splitlines()
+                   if json.loads(line)["action"] == "upsert_comment")
+    assert MODEL_SAYS in comment["json"]["body"]
+    assert annotated["explanation"].startswith(MODEL_SAYS)
+    assert annotated["trace"]["llm"]["backend"] == "openai" and annotated["trace"]["llm_prose"] == "accepted"

@@ -134,8 +134,9 @@ def test_switching_model_is_refused_on_an_existing_store(tmp_path, embedder):
     home = tmp_path / "kb"
     KnowledgeBase(make_settings(home), embedder=embedder).add_incidents(_incidents())
     other = KnowledgeBase(make_settings(home, embedder="hashing"))
-    with pytest.raises(StoreModelMismatch, match="pmkb reindex"):
+    with pytest.raises(StoreModelMismatch, match=r"pmkb build --kb NEW_DIR") as refused:
         other.store
+    assert "reindex" not in str(refused.value)  # no such command
     fresh = KnowledgeBase(make_settings(tmp_path / "kb2", embedder="hashing"))
     fresh.add_incidents(_incidents())
     assert fresh.store.count() == 4 and fresh.embedder.model_id == "hashing:384"

@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from kb.core.incidents import Incident
-from kb.core.roles import Embedder
+from kb.core.roles import Embedder, Suggester
 from kb.core.settings import Settings, load_settings
 from kb.core.suggestion import Ticket
 from kb.core.taxonomy import TaxonomyError
@@ -32,14 +32,9 @@ class Loaded:
 
     settings: Settings
     engine: SuggestionEngine
-    suggester: object  # has .suggest(ticket) -> Suggestion: the LLM layer, or the engine itself
+    suggester: Suggester  # make_suggester's, as in every shell: the engine, or the model over it
     llm_note: str  # what produces suggestions, in words
     lock: threading.Lock  # held while feedback writes to the knowledge base
-
-    @property
-    def generator(self):
-        """The chat model for follow-ups, or None without one."""
-        return getattr(self.suggester, "generator", None)
 
     @property
     def kb(self) -> KnowledgeBase:
@@ -63,12 +58,13 @@ def _settings_key(settings: Settings) -> str:
     return settings.model_dump_json()
 
 
-def _describe_model(suggester: object, settings: Settings) -> str:
-    if settings.llm == "none":
+def describe_model(suggester: Suggester) -> str:
+    """What produces suggestions, in words, from the suggester's own description."""
+    llm = suggester.describe().get("llm")
+    if not llm:
         return "none: suggestions come from retrieval and evidence (no LLM configured)"
-    note = f"{settings.llm}: {settings.llm_model or 'default model'}"
-    problem = getattr(suggester, "setup_error", None)
-    return f"{note} (unavailable: {problem}; the engine answers alone)" if problem else note
+    note = f"{llm['backend']}: {llm['model']}"
+    return f"{note} (unavailable: {llm['error']}; the engine answers alone)" if llm.get("error") else note
 
 
 @st.cache_resource(show_spinner="Opening the knowledge base and warming up the engine ...")
@@ -83,7 +79,7 @@ def load_everything(_settings: Settings, key: str) -> Loaded:
     engine.suggest(WARM_UP)  # loads the model weights, lexical index and taxonomy vectors now
     suggester = make_suggester(engine)
     return Loaded(settings=_settings, engine=engine, suggester=suggester,
-                  llm_note=_describe_model(suggester, _settings), lock=threading.Lock())
+                  llm_note=describe_model(suggester), lock=threading.Lock())
 
 
 def refresh_engine(res: Loaded) -> None:

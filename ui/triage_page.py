@@ -126,8 +126,7 @@ def _chat(res: Loaded, result: dict, shown: Suggestion) -> None:
     with conversation, st.chat_message("user"):
         st.markdown(md(question))
     with conversation, st.chat_message("assistant"):
-        chunks = answer_followup(res.engine, shown, question, history=list(history),
-                                 generator=res.generator)
+        chunks = answer_followup(res.engine, shown, question, history=list(history))
         answer = st.write_stream(tame_markdown(chunk) for chunk in chunks)
     history.append({"role": "user", "content": question})
     history.append({"role": "assistant", "content": answer if isinstance(answer, str) else

@@ -99,8 +99,8 @@ class ChromaStore:
             raise StoreModelMismatch(
                 f"the knowledge base at {self.location} was built with embedding model "
                 f"{built_with!r}, but {self.model_id!r} is configured. Use the model it was "
-                f"built with, or run `pmkb reindex` to re-embed it with the new one "
-                f"(or choose another --kb directory).")
+                f"built with, or build a knowledge base for the new model in another directory "
+                f"(`pmkb build --kb NEW_DIR`, then `pmkb ingest --kb NEW_DIR` your incident files).")
         return col
 
     def upsert_incidents(self, incidents: list[Incident], vectors: np.ndarray,
@@ -235,7 +235,7 @@ class ChromaStore:
         return self._incidents.count()
 
     def reset(self) -> None:
-        """Drop both collections (used by reindex with a new model)."""
+        """Drop both collections."""
         for name in (INCIDENTS, TAXONOMY):
             try:
                 self._client.delete_collection(name)

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator
 
+from kb.core.roles import Suggester
 from kb.core.suggestion import EmptyTicket, Suggestion, Ticket
-from kb.engine.suggest import SuggestionEngine
 
 
 def annotation_record(s: Suggestion) -> dict:
@@ -56,9 +56,10 @@ def read_tickets(path: Path) -> Iterator[tuple[int, Ticket | str]]:
             yield number, f"{path}: line {number}: {exc}"
 
 
-def annotate_file(engine: SuggestionEngine, source: Path, out: Path,
+def annotate_file(suggester: Suggester, source: Path, out: Path,
                   progress: Callable[[int], None] | None = None) -> list[str]:
-    """Write one annotation per good input line to ``out``; returns the errors for bad lines."""
+    """Write one annotation per good input line to ``out`` (from ``make_suggester``'s suggester, as
+    in every shell); returns the errors for bad lines."""
     errors = []
     with out.open("w", encoding="utf-8") as sink:
         for number, item in read_tickets(source):
@@ -66,7 +67,7 @@ def annotate_file(engine: SuggestionEngine, source: Path, out: Path,
                 errors.append(item)
             else:
                 try:
-                    sink.write(json.dumps(annotation_record(engine.suggest(item)), ensure_ascii=False) + "\n")
+                    sink.write(json.dumps(annotation_record(suggester.suggest(item)), ensure_ascii=False) + "\n")
                 except EmptyTicket as exc:
                     errors.append(f"{source}: line {number}: {exc}")
             if progress:

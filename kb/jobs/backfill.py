@@ -8,7 +8,6 @@ table; so however the previous run ended (kill -9 included), the output holds ea
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +19,7 @@ from kb import __version__
 from kb.core.incidents import Incident, Provenance
 from kb.core.records import IngestError, IngestWarning, Parsed
 from kb.core.redact import redact, redact_key
+from kb.core.roles import Suggester
 from kb.core.suggestion import EmptyTicket, Suggestion
 from kb.engine.classify import Calibration
 from kb.engine.knowledge import KnowledgeBase
@@ -33,9 +33,6 @@ from kb.jobs.annotate import annotation_record
 from kb.jobs.backfill_state import BackfillError, BackfillState, rewrite_output  # noqa: F401 - re-exported
 
 WRITE_BACK_TARGETS = ("kb", "github", "jira")
-LLM_MODULE = "kb.llm.suggester"
-"""Module of the LLM stage: ``make_suggester(engine)`` gives an object with ``refine(ticket,
-suggestion)`` or ``suggest(ticket)``; looked up at run time, the stage is skipped without it."""
 ACTIONS = {
     "input": "fix or remove this record in the input, then re-run (finished records are skipped)",
     "empty": "give the ticket a title or description, or remove it from the input, then re-run",
@@ -102,32 +99,10 @@ def backfill_engine(kb: KnowledgeBase, calibration: Calibration | None = None) -
     return engine
 
 
-def find_llm_stage(engine: SuggestionEngine, log: Log) -> tuple[Callable | None, str]:
-    """The LLM stage as ``f(ticket, suggestion) -> Suggestion``, and a note on what is used.
-
-    Looked up at run time in ``LLM_MODULE``; without it (or with ``llm: none``) there is no
-    LLM stage and the engine's suggestions are written as they are.
-    """
-    settings = engine.settings
-    if settings.llm == "none":
-        return None, "none"
-    try:
-        module = importlib.import_module(LLM_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != LLM_MODULE:  # the layer is there but a library it needs is not
-            raise BackfillError(f"the LLM stage ({settings.llm}) cannot start: {exc}") from exc
-        log(f"LLM stage skipped: llm is {settings.llm!r} but {LLM_MODULE} is not installed")
-        return None, f"skipped ({LLM_MODULE} not available)"
-    try:
-        suggester = module.make_suggester(engine)
-    except Exception as exc:  # noqa: BLE001 - any set-up failure is reported the same way
-        raise BackfillError(f"the LLM stage ({settings.llm}) cannot start: {exc}. Fix the LLM "
-                            "settings, or run with PMKB_LLM=none") from exc
-    refine = getattr(suggester, "refine", None)
-    note = f"{settings.llm}:{settings.llm_model or 'default'}"
-    if callable(refine):
-        return refine, note
-    return (lambda ticket, suggestion: suggester.suggest(ticket, exclude={ticket.id})), note
+def llm_note(suggester: Suggester) -> str:
+    """The LLM stage in a few words (``backend:model``, or ``none``), from the suggester's description."""
+    llm = suggester.describe().get("llm")
+    return f"{llm['backend']}:{llm['model']}" if llm else "none"
 
 
 @dataclass
@@ -157,10 +132,15 @@ class _Batch:
 
 
 class Backfill:
-    """One backfill run of an engine over inputs into one output (see ``BackfillOptions``)."""
+    """One backfill run of an engine over inputs into one output (see ``BackfillOptions``).
 
-    def __init__(self, engine: SuggestionEngine, options: BackfillOptions, log: Log | None = None,
-                 progress: Callable[[int], None] | None = None):
+    The engine suggests for each batch; ``suggester`` (the shell's, from ``make_suggester`` over
+    the same engine) refines each of those suggestions on ``concurrency`` threads: the LLM stage,
+    when a model is configured. Without one the engine's suggestions are written as they are.
+    """
+
+    def __init__(self, engine: SuggestionEngine, options: BackfillOptions, suggester: Suggester | None = None,
+                 log: Log | None = None, progress: Callable[[int], None] | None = None):
         if options.write_back not in (None, *WRITE_BACK_TARGETS):
             raise BackfillError(f"unknown write-back target {options.write_back!r}; "
                                 f"choose one of: {', '.join(WRITE_BACK_TARGETS)}")
@@ -169,12 +149,13 @@ class Backfill:
         self.engine, self.options = engine, options
         self.log = log or (lambda message: None)
         self.progress = progress or (lambda n: None)
-        self.llm, llm_note = find_llm_stage(engine, self.log)
-        self.result = BackfillResult(llm=llm_note)
+        self.suggester = suggester or engine
+        note = llm_note(self.suggester)
+        self.result = BackfillResult(llm=note)
         self.target = f"{options.write_back}:dry-run" if options.outbox else options.write_back
         tax = engine.kb.taxonomy
         self.engine_id = (f"pmkb-engine/{__version__} {engine.kb.embedder.model_id} {tax.name}/{tax.version} "
-                          f"llm={llm_note if self.llm else 'none'}")
+                          f"llm={note}")
         self._seen: set[str] = set()
         self._errors = None
         self._rewrite = False  # an annotation already in the output was replaced or dropped
@@ -311,9 +292,8 @@ class Backfill:
                 records.append(record)
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the run
                 fail("annotate", record, exc)
-        if self.llm is not None:
-            records = self._stage(pool, "llm", records, fail,
-                                  lambda r: self.llm(r.prepared.ticket, r.suggestion))
+        records = self._stage(pool, "llm", records, fail,
+                              lambda r: self.suggester.refine(r.prepared.ticket, r.suggestion))
         if self.options.write_back == "kb":
             records = self._write_back_kb(records, fail)
         elif self.options.write_back:
@@ -390,12 +370,12 @@ class _TooManyErrors(RuntimeError):
 
 
 def run_backfill(engine: SuggestionEngine, records: Iterable[Parsed], options: BackfillOptions,
-                 report: Path | None = None, log: Log | None = None,
+                 suggester: Suggester | None = None, report: Path | None = None, log: Log | None = None,
                  progress: Callable[[int], None] | None = None) -> BackfillResult:
     """Run one backfill (see ``Backfill``), then write the report of the whole output to ``report``."""
     from kb.jobs.report import read_records, write_report
 
-    result = Backfill(engine, options, log=log, progress=progress).run(records)
+    result = Backfill(engine, options, suggester, log=log, progress=progress).run(records)
     if report is not None:
         run = {"annotated": result.annotated, "unchanged (skipped)": result.skipped, "failed": result.failed,
                "written back": result.written_back, "LLM": result.llm}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -95,6 +96,8 @@ class LlamaCppGenerator(Generator):
         self._llama = None
         self._lock = threading.Lock()  # a Llama context serves one request at a time
         self.gpu_layers = 0
+        # llama-cpp-python's own default is half the cores for generation: set both counts.
+        self.threads = settings.llm_threads or os.cpu_count() or 1
 
     @property
     def model_id(self) -> str:
@@ -102,8 +105,9 @@ class LlamaCppGenerator(Generator):
         return self.path.name
 
     def describe(self) -> dict:
-        """Settings including GPU offload (0 layers when llama.cpp was built without a GPU backend)."""
-        return {**super().describe(), "gpu_layers": self.gpu_layers}
+        """Settings including GPU offload (0 layers when llama.cpp was built without a GPU backend) and
+        the CPU threads it runs on."""
+        return {**super().describe(), "gpu_layers": self.gpu_layers, "threads": self.threads}
 
     @property
     def llama(self):
@@ -116,7 +120,8 @@ class LlamaCppGenerator(Generator):
             self.gpu_layers = self.settings.llm_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
             try:
                 self._llama = llama_cpp.Llama(model_path=str(self.path), n_ctx=self.context,
-                                              n_gpu_layers=self.gpu_layers, seed=0, verbose=False)
+                                              n_gpu_layers=self.gpu_layers, n_threads=self.threads,
+                                              n_threads_batch=self.threads, seed=0, verbose=False)
             except (ValueError, RuntimeError) as exc:
                 raise LLMUnavailable(f"llama.cpp cannot load {self.path}: {exc}") from exc
         return self._llama
@@ -277,7 +282,7 @@ _SHARED_LOCK = threading.Lock()
 def shared_generator(settings: Settings) -> Generator | None:
     """One generator per backend configuration and process, so a GGUF is loaded once."""
     key = (settings.llm, settings.llm_model, settings.llm_base_url, settings.llm_gpu_layers,
-           settings.llm_context, settings.llm_timeout)
+           settings.llm_context, settings.llm_timeout, settings.llm_threads)
     with _SHARED_LOCK:
         if key not in _SHARED:
             _SHARED[key] = make_generator(settings)

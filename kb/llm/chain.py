@@ -1,28 +1,28 @@
-"""The knowledge base as a LangChain retriever, and the retriever -> prompt -> model -> parse chain.
+"""The retriever -> prompt -> model -> parse chain of an LLM-assisted answer, as LangChain Runnables.
 
-``KnowledgeRetriever`` returns past incidents and taxonomy entries as LangChain ``Document``s
-whose metadata carries the labels, so any LangChain pipeline can use the knowledge base.
 ``structured_chain`` composes the four steps pmkb runs for an LLM-assisted answer; each step
-is a plain function, so each can be called and tested alone.
+is a plain function, so each can be called and tested alone. langchain is imported when a chain
+or a document is first built, not with this module: ``pmkb suggest`` without a model never
+loads it. (The knowledge base as a LangChain retriever is ``kb.llm.retriever``.)
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import numpy as np
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
-from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
+from typing import TYPE_CHECKING, Any, Callable
 
 from kb.core.suggestion import SimilarIncident
 from kb.llm.backends import Generator, ResponseCache, request_key
 from kb.llm.prompting import PromptTemplate
 
+if TYPE_CHECKING:
+    from langchain_core.documents import Document
+    from langchain_core.runnables import Runnable
+
 
 def incident_document(hit: SimilarIncident, description: str = "") -> Document:
     """A retrieved incident as a Document: its text, and its labels and scores as metadata."""
+    from langchain_core.documents import Document
+
     text = "\n".join(p for p in (hit.title, description, f"Resolution: {hit.resolution}"
                                  if hit.resolution else "") if p)
     return Document(page_content=text, id=hit.id, metadata={
@@ -30,49 +30,6 @@ def incident_document(hit: SimilarIncident, description: str = "") -> Document:
         "lexical": hit.lexical, "symptom": hit.symptom, "root_cause": hit.root_cause,
         "root_cause_dimension": hit.root_cause_dimension, "mitigation": hit.mitigation,
         "resolution": hit.resolution, "provenance": hit.provenance, "source": hit.source})
-
-
-def taxonomy_documents(kb, vector: np.ndarray, k: int) -> list[Document]:
-    """The k taxonomy entries (root causes and symptoms) closest to a query vector."""
-    vectors = kb.store.taxonomy_vectors()
-    if not vectors or k <= 0:
-        return []
-    entries = {entry_id: (meta, doc) for entry_id, meta, doc in kb.store.taxonomy_entries()}
-    scored = sorted(((float(np.dot(vector, vec)), key) for key, vec in vectors.items() if key in entries),
-                    reverse=True)[:k]
-    out = []
-    for score, key in scored:
-        meta, doc = entries[key]
-        out.append(Document(page_content=doc, id=key, metadata={
-            "kind": meta.get("kind"), "id": meta.get("label"), "name": meta.get("name"),
-            "dimension": meta.get("dimension") or None, "score": round(score, 4)}))
-    return out
-
-
-class KnowledgeRetriever(BaseRetriever):
-    """Past incidents (hybrid BM25 + dense) and taxonomy entries for a query, as Documents.
-
-    Incident documents come first, best first, with ``metadata["kind"] == "incident"``;
-    taxonomy documents follow with ``kind`` ``root_cause`` or ``symptom``.
-    """
-
-    engine: Any  # a SuggestionEngine: its knowledge base and retriever are reused
-    k: int = 5
-    taxonomy_k: int = 3
-    where: dict | None = None  # label filter, as for Retriever.retrieve_similar
-    exclude: set[str] | None = None
-
-    def _get_relevant_documents(self, query: str, *,
-                                run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        kb = self.engine.kb
-        vector = kb.embedder.embed_query(query)
-        hits = self.engine.retriever.retrieve_similar(query, k=self.k, where=self.where,
-                                                      query_vector=vector, exclude=self.exclude)
-        docs = []
-        for hit in hits:
-            stored = kb.store.get_incident(hit.id)
-            docs.append(incident_document(hit, stored.description if stored else ""))
-        return docs + taxonomy_documents(kb, vector, self.taxonomy_k)
 
 
 Prepare = Callable[[dict], dict]
@@ -114,6 +71,8 @@ def structured_chain(retrieve: Callable[[dict], list[Document]], prepare: Prepar
     ("memory", "disk" or None), ``answer`` (the parsed answer or None) and ``error``.
     Backend failures (server down, timeout) raise ``LLMError``.
     """
+    from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+
     def render(state: dict) -> dict:
         """Prepared variables rendered into chat messages."""
         prepared = prepare(state)

@@ -16,9 +16,10 @@ from langchain_core.documents import Document
 
 from kb.core.redact import redact
 from kb.core.untrusted import neutralise
-from kb.llm.backends import Generator, LLMError, shared_generator
-from kb.llm.chain import KnowledgeRetriever, incident_document
+from kb.llm.backends import Generator, LLMError, LLMUnavailable, shared_generator
+from kb.llm.chain import incident_document
 from kb.llm.prompting import cited_ids, load_prompt
+from kb.llm.retriever import KnowledgeRetriever
 
 CHAT_TOKENS = 384
 """Longest answer the model may write; always reserved in the context window."""
@@ -130,7 +131,11 @@ def answer_followup(engine, suggestion, question: str, history: list[dict] | Non
         raise ValueError("ask a question about the ticket (the question is empty)")
     documents = retrieve_for_question(engine, suggestion, question)
     if generator is None and engine.settings.llm != "none":
-        generator = shared_generator(engine.settings)
+        try:
+            generator = shared_generator(engine.settings)
+        except LLMUnavailable as exc:  # not set up (no model path or URL): say so, answer without it
+            yield from retrieval_answer(suggestion, documents, note=f"The model is not available ({exc}).")
+            return
     if generator is None:
         yield from retrieval_answer(suggestion, documents)
         return

@@ -11,6 +11,11 @@ when the engine's own probability for the pick is at least ``ACCEPT_FLOOR`` and 
 ``ACCEPT_MARGIN`` of the top probability; otherwise the engine's label stays. On a ticket
 carrying instruction-like text the model never changes a label. The reported confidence is
 always the engine's calibrated probability of the label shown.
+
+What the model writes is checked like what it labels (``check_prose``): an explanation that
+names another root cause or symptom than the card shows, or an incident the suggestion does not
+cite or show, is not shown; the engine's explanation stays. An explanation over the length limit
+or cut off mid-sentence is cut back to its last full sentence (``fit_explanation``).
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb.core.abstain import TOO_LITTLE_TEXT, abstain_reason
+from kb.core.incidents import Incident
 from kb.core.redact import redact
+from kb.core.roles import Suggester
 from kb.core.suggestion import Candidate, Suggestion, Ticket
+from kb.core.taxonomy import Taxonomy
 from kb.core.untrusted import injection_markers, neutralise, strip_instruction_lines
 from kb.engine.evidence import find_evidence
 from kb.engine.mitigate import rank_mitigations
@@ -49,6 +57,7 @@ ACCEPT_FLOOR = 0.10
 ANSWER_TOKENS = 384
 """Room always kept free in the context window for the answer, so it is never cut off."""
 EXPLANATION_CHARS = 300
+"""Longest explanation shown; the schema and the prompt both tell the model."""
 RESOLUTION_CHARS = 300
 TICKET_CHARS = 12_000
 
@@ -61,12 +70,71 @@ class LLMAnswer(BaseModel):
     root_cause: str  # one of the engine's root-cause candidates
     symptom: str  # one of the engine's symptom candidates
     citations: list[str] = Field(max_length=3)  # ids of context incidents that support the answer
-    explanation: str = Field(max_length=EXPLANATION_CHARS)  # two or three sentences for the on-call
+    # Two short sentences for the on-call. The schema sent to the model limits it to
+    # EXPLANATION_CHARS (answer_schema); a longer one is parsed, then cut by fit_explanation.
+    explanation: str
 
 
 def _first_sentence(text: str) -> str:
     end = text.find(". ")
     return text[:end + 1] if end > 0 else text
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=[\s)]|$)")
+
+
+def fit_explanation(text: str, limit: int = EXPLANATION_CHARS) -> tuple[str | None, str]:
+    """(text to show or None, what was done: ``whole``, ``cut ...`` or ``rejected: ...``).
+
+    An explanation within the limit that ends a sentence is shown whole; one over the limit or
+    cut off mid-sentence is cut back to its last full sentence within the limit; without one,
+    it is rejected (never cut mid-word).
+    """
+    text = " ".join(text.split())
+    if not text:
+        return None, "rejected: empty"
+    if len(text) <= limit and _SENTENCE_END.search(text[-1:]):
+        return text, "whole"
+    ends = [m.end() for m in _SENTENCE_END.finditer(text) if m.end() <= limit]
+    why = f"over {limit} characters ({len(text)})" if len(text) > limit else "ends mid-sentence"
+    if not ends:
+        return None, f"rejected: {why}, with no full sentence within {limit} characters"
+    return text[:ends[-1]], f"cut at the last full sentence ({ends[-1]} of {len(text)} characters): {why}"
+
+
+def _mentions(text: str, term: str) -> bool:
+    """Whether ``term`` appears in ``text`` as a whole word or phrase (case and spacing ignored)."""
+    words = r"\s+".join(re.escape(w) for w in term.split())
+    return re.search(rf"(?<![\w-]){words}(?![\w-])", text, re.IGNORECASE) is not None
+
+
+def _label_terms(taxonomy: Taxonomy) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(kind, id, terms naming it) for every root cause (id and name) and symptom (id)."""
+    causes = [("root cause", c.id, (c.id, c.name)) for c in taxonomy.root_causes]
+    return causes + [("symptom", s.id, (s.id,)) for s in taxonomy.symptoms]
+
+
+_ID_LIKE = re.compile(r"(?<![\w.:-])[A-Za-z][\w.:-]*\d[\w.:-]*(?<![.:-])")
+
+
+def check_prose(text: str, shown: Suggestion, taxonomy: Taxonomy, known_ids: set[str],
+                cited: list[str]) -> str | None:
+    """Why the explanation may not be shown on this card, or None when it may.
+
+    It may name only the root cause and symptom the card shows (by id, or the cause by its
+    taxonomy name), and only the incidents the answer cites or the card lists as similar;
+    ``known_ids`` are the knowledge base's incident ids, so node names are not taken for them.
+    """
+    expected = {"root cause": shown.root_cause, "symptom": shown.symptom}
+    for kind, label, terms in _label_terms(taxonomy):
+        if label != expected[kind] and any(_mentions(text, term) for term in terms):
+            return f"it names {kind} {label}, but the card shows {expected[kind]}"
+    allowed = set(cited) | {h.id for h in shown.similar_incidents}
+    mentioned = cited_ids(text) + [m for m in _ID_LIKE.findall(text) if m in known_ids]
+    outside = [i for i in dict.fromkeys(mentioned) if i not in allowed]
+    if outside:
+        return f"it names incident {', '.join(outside)}, which the suggestion does not cite or show"
+    return None
 
 
 class InvalidAnswer(ValueError):
@@ -132,7 +200,7 @@ class _Request:
 
 
 class LLMSuggester:
-    """The engine's suggestion, explained (and possibly re-ranked) by a model; same Suggestion type."""
+    """The engine's suggestion, explained (and possibly re-ranked) by a model; a ``Suggester``."""
 
     def __init__(self, engine: SuggestionEngine, generator: Generator | None, cache: ResponseCache | None = None,
                  setup_error: str | None = None, answer_tokens: int = ANSWER_TOKENS,
@@ -172,7 +240,8 @@ class LLMSuggester:
                 "incidents": [{**d.metadata, "title": neutralise(d.metadata["title"]),
                                "resolution": neutralise(d.metadata["resolution"] or "")[:resolution_chars]}
                               for d in documents],
-                "retry_note": state.get("retry_note", ""), "trimmed": len(ticket) < len(text)}
+                "retry_note": state.get("retry_note", ""), "trimmed": len(ticket) < len(text),
+                "explanation_chars": self.explanation_chars}
 
     def _prepare(self, state: dict) -> dict:
         """Template variables that fit the context window with the answer's tokens to spare, and the schema."""
@@ -238,27 +307,57 @@ class LLMSuggester:
             state = {**state, "retry_note": neutralise(result["error"])}
         return None
 
-    def suggest(self, ticket: Ticket, exclude: set[str] | None = None) -> Suggestion:
+    def suggest(self, ticket: Ticket | Incident, exclude: set[str] | None = None) -> Suggestion:
         """The engine's suggestion, with the model's explanation and choice applied by the rule.
 
         On a ticket with instruction-like text the engine classifies the ticket with the
         instructions cut out (the rest of their lines stays), and the model may explain but not
         relabel.
         """
-        if not isinstance(ticket, Ticket):
-            ticket = Ticket(id=ticket.id, title=ticket.title, description=ticket.description)
+        ticket = _as_ticket(ticket)
+        return self.refine(ticket, self.engine.suggest(_engine_ticket(ticket), exclude=exclude))
+
+    def suggest_batch(self, tickets: list[Ticket | Incident],
+                      exclude: set[str] | None = None) -> list[Suggestion | Exception]:
+        """The engine's batched suggestions, each refined by the model (a failure stays in its place)."""
+        tickets = [_as_ticket(t) for t in tickets]
+        out: list[Suggestion | Exception] = []
+        for ticket, base in zip(tickets, self.engine.suggest_batch([_engine_ticket(t) for t in tickets],
+                                                                   exclude=exclude)):
+            try:
+                out.append(base if isinstance(base, Exception) else self.refine(ticket, base))
+            except Exception as exc:  # noqa: BLE001 - reported per ticket, as the engine does
+                out.append(exc)
+        return out
+
+    def refine(self, ticket: Ticket | Incident, suggestion: Suggestion) -> Suggestion:
+        """An engine suggestion already made for this ticket, with the model's answer applied.
+
+        The engine's work is reused (a batch job refines the suggestions of its batch). Whatever
+        goes wrong with the model, the engine's suggestion comes back with ``llm_failed: true``.
+        """
+        ticket = _as_ticket(ticket)
         markers = injection_markers(ticket.text())
-        engine_ticket, removed = without_instruction_lines(ticket) if markers else (ticket, 0)
-        base = self.engine.suggest(engine_ticket, exclude=exclude)
-        trace = {**base.trace, "llm": self.generator.describe() if self.generator else {"backend": self.settings.llm},
-                 "prompt": self.template.record(), "llm_failed": False, "llm_choice": None, "llm_cache": None,
+        removed = without_instruction_lines(ticket)[1] if markers else 0
+        trace = {**suggestion.trace, "llm": self._model(), "prompt": self.template.record(),
+                 "llm_failed": False, "llm_choice": None, "llm_prose": None, "llm_cache": None,
                  "llm_error": None, "llm_attempts": 0, "injection_suspected": markers,
                  "instruction_lines_removed": removed}
-        answer = self._ask(ticket, base, trace)
+        answer = self._ask(ticket, suggestion, trace)
         if answer is None:
             trace["llm_failed"] = True
-            return base.model_copy(update={"trace": trace})
-        return self.apply_answer(base, answer, markers, trace)
+            return suggestion.model_copy(update={"trace": trace})
+        return self.apply_answer(suggestion, answer, markers, trace)
+
+    def describe(self) -> dict:
+        """The engine's description, with the model (or why there is none) and the prompt template."""
+        return {**self.engine.describe(), "llm": self._model(), "prompt": self.template.record()}
+
+    def _model(self) -> dict:
+        if self.generator is not None:
+            return self.generator.describe()
+        return {"backend": self.settings.llm, "model": self.settings.llm_model or "default",
+                "error": self.setup_error or "no model configured"}
 
     def apply_answer(self, base: Suggestion, answer: LLMAnswer, markers: list[str], trace: dict) -> Suggestion:
         """The engine's suggestion with a valid answer applied by the combination rule (see module doc)."""
@@ -273,16 +372,31 @@ class LLMSuggester:
                                "citations": answer.citations, "root_cause_accepted": cause_ok,
                                "symptom_accepted": symptom_ok, "root_cause_rule": cause_why,
                                "symptom_rule": symptom_why, "explanation": answer.explanation}
-        update: dict = {"trace": trace}
-        if cause_ok:
-            sources = f" (see {', '.join(f'[{i}]' for i in answer.citations)})" if answer.citations else ""
-            update["explanation"] = answer.explanation.strip() + sources
+        update: dict = {}
         if cause != base.root_cause:
             update.update(self._relabel(base, cause))
         if symptom != base.symptom:
             update.update(symptom=symptom, symptom_confidence=next(
                 c.confidence for c in base.symptom_candidates if c.id == symptom))
-        return base.model_copy(update=update)
+        shown = base.model_copy(update=update)
+        text, fit = fit_explanation(answer.explanation, self.explanation_chars)
+        trace["llm_explanation_fit"] = fit
+        if not cause_ok:
+            trace["llm_prose"] = f"rejected: it explains {answer.root_cause}, but the card shows {cause}"
+        elif text is None:
+            trace["llm_prose"] = f"rejected: {fit.removeprefix('rejected: ')}"
+        elif (problem := check_prose(text, shown, self.engine.kb.taxonomy, self._incident_ids(),
+                                     answer.citations)) is not None:
+            trace["llm_prose"] = f"rejected: {problem}"
+        else:
+            trace["llm_prose"] = "accepted"
+            sources = f" (see {', '.join(f'[{i}]' for i in answer.citations)})" if answer.citations else ""
+            update["explanation"] = text + sources
+        return base.model_copy(update={**update, "trace": trace})
+
+    def _incident_ids(self) -> set[str]:
+        """Ids of the incidents the engine retrieves from (the ids prose could name)."""
+        return {i.id for i in self.engine.retriever.incidents()}
 
     def _relabel(self, base: Suggestion, cause_id: str) -> dict:
         """Fields that follow the root cause: name, dimension, confidence, abstention, mitigations."""
@@ -312,8 +426,20 @@ def without_instruction_lines(ticket: Ticket) -> tuple[Ticket, int]:
     return stripped, sum(n for _, n in parts.values())
 
 
-def make_suggester(engine: SuggestionEngine):
-    """The engine itself when ``settings.llm`` is ``none``, else the LLM-assisted suggester."""
+def _as_ticket(ticket: Ticket | Incident) -> Ticket:
+    if isinstance(ticket, Ticket):
+        return ticket
+    return Ticket(id=ticket.id, title=ticket.title, description=ticket.description)
+
+
+def _engine_ticket(ticket: Ticket) -> Ticket:
+    """What the engine classifies: the ticket without its instruction-like text, if it has any."""
+    return without_instruction_lines(ticket)[0] if injection_markers(ticket.text()) else ticket
+
+
+def make_suggester(engine: SuggestionEngine) -> Suggester:
+    """The suggester every shell uses: the engine itself when ``settings.llm`` is ``none``, else the
+    LLM-assisted suggester over it (built from the engine's settings)."""
     if engine.settings.llm == "none":
         return engine
     try:
