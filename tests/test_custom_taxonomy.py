@@ -19,7 +19,6 @@ from kb.core.incidents import Incident
 from kb.core.settings import DATA_DIR
 from kb.core.suggestion import Evidence, Ticket
 from kb.core.taxonomy import load_low_util_taxonomy, load_taxonomy, parse_taxonomy
-from kb.engine import suggest as suggest_module
 from kb.engine.classify import Calibration
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import low_utilisation_hints, rank_mitigations, wants_low_utilisation_hints
@@ -158,8 +157,6 @@ def test_the_engine_names_the_suspect_node_under_a_renamed_taxonomy(team_engine,
     assert named and all("Suspect node: gn-311" in m.next_step for m in named)
 
 
-@pytest.mark.xfail(hasattr(suggest_module, "LOW_UTIL_SYMPTOMS"), strict=True,
-                   reason="the engine still keys the low-GPU-utilisation hints on the symptom id job_slowdown")
 def test_the_engine_gives_low_utilisation_hints_under_a_renamed_taxonomy(team_engine, renamed):
     slow = renamed[2]["job_slowdown"]
     s = team_engine.suggest(Ticket(id="t-slow", title="Training throughput dropped, job slowdown",

@@ -203,17 +203,17 @@ def test_an_update_by_another_process_reaches_a_running_engine_within_the_refres
     with chroma_server(served) as url:
         settings = make_settings(tmp_path / "service", chroma_url=url, chroma_refresh_seconds=1.0)
         engine = SuggestionEngine(KnowledgeBase(settings, embedder=embedder))
-        before = engine.retriever._load()
+        before = engine.retriever.corpus()
         changed = before.incidents[0]
         retitled = changed.model_copy(update={"title": f"{changed.title} (quasarlink retitled)"})
         run = pmkb("ingest", str(write_jsonl(tmp_path / "update.jsonl", [retitled])),
                    env=pmkb_env(PMKB_HOME=str(tmp_path / "job"), PMKB_CHROMA_URL=url))
         assert run.returncode == 0 and "updated 1" in run.stdout, run.stderr
         written = time.monotonic()
-        seen = wait_until(lambda: engine.retriever._load().incidents[
-            engine.retriever._load().position[changed.id]].title == retitled.title, 60, "the update")
+        seen = wait_until(lambda: engine.retriever.incidents()[
+            engine.retriever.corpus().position[changed.id]].title == retitled.title, 60, "the update")
         waited = time.monotonic() - written
-    assert seen and len(engine.retriever._load().incidents) == len(before.incidents)  # same count: the token told
+    assert seen and len(engine.retriever.incidents()) == len(before.incidents)  # same count: the token told
     assert waited < settings.chroma_refresh_seconds + 30
 
 

@@ -39,7 +39,7 @@ def test_probabilities_are_ranked_and_labels_valid(engine):
     assert all(c.id in tax.cause_ids for c in s.root_cause_candidates)
     assert s.symptom in tax.symptom_ids and s.mitigation in tax.mitigation_ids
     assert s.root_cause_confidence == probs[0] and len(s.similar_incidents) == 5
-    assert {h.id for h in s.similar_incidents} <= {i.id for i in engine.retriever._load().incidents}
+    assert {h.id for h in s.similar_incidents} <= {i.id for i in engine.retriever.incidents()}
 
 
 def test_abstains_under_the_threshold(shared_bundled_kb):
@@ -137,7 +137,7 @@ def test_changed_incidents_or_a_damaged_cache_refit(empty_kb, caplog):
     kb.add_incidents([edited])  # same id, same count, new content: the running engine sees it
     engine.suggest(ticket)
     assert path.stat().st_mtime_ns != stamp
-    loaded = {i.id: i for i in engine.retriever._load().incidents}
+    loaded = {i.id: i for i in engine.retriever.incidents()}
     assert loaded[edited.id].description == "rewritten after review"
 
     path.write_bytes(b"not a pickle")

@@ -47,12 +47,12 @@ def trained(tmp_path_factory, embedder):
 
 
 def test_a_cached_classifier_predicts_exactly_as_the_fitted_one(trained, tmp_path):
-    fitted = trained._text_classifiers()
+    fitted = trained.snapshot().classifiers
     path = tmp_path / CACHE_FILE
     save_classifiers(path, "digest", fitted)
     loaded = load_classifiers(path, "digest")
     assert loaded is not None and set(loaded) == set(fitted) == {"root_cause", "symptom"}
-    incidents, vectors = trained._training_set()
+    incidents, vectors = trained.calibrator.training_set(trained.snapshot().incidents)
     texts = [TICKET.text()] + [i.text() for i in incidents[:10]]
     vectors = np.vstack([trained.kb.embedder.embed_query(TICKET.text()), vectors[:10]])
     for field, clf in fitted.items():
@@ -94,7 +94,7 @@ def test_a_planted_pickle_never_runs(trained, embedder, tmp_path, caplog):
     assert suggestion.root_cause in kb.taxonomy.cause_ids
     assert "text-classifier cache" in caplog.text and "rebuilt" in caplog.text
     # rebuilt as data; a pickle left under an earlier version's name is gone
-    assert load_classifiers(engine.classifier_cache_path, engine._clf_fingerprint) is not None
+    assert load_classifiers(engine.classifier_cache_path, engine.snapshot().fingerprint) is not None
     for legacy in LEGACY_CACHE_FILES:
         assert (home / legacy) == engine.classifier_cache_path or not (home / legacy).exists()
     assert not marker.exists()
@@ -113,7 +113,7 @@ def test_a_pickle_inside_the_archive_never_runs(tmp_path, caplog):
 @pytest.mark.parametrize("damage", ["truncated", "wrong shape", "foreign header"])
 def test_a_damaged_archive_is_ignored(trained, tmp_path, caplog, damage):
     path = tmp_path / CACHE_FILE
-    save_classifiers(path, "d", trained._text_classifiers())
+    save_classifiers(path, "d", trained.snapshot().classifiers)
     if damage == "truncated":
         path.write_bytes(path.read_bytes()[:5000])
     else:

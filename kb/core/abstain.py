@@ -4,26 +4,10 @@ a look"), which the card, the ticket comment and the annotation output each expl
 
 from __future__ import annotations
 
-import re
+from kb.core.text import content_words
 
 LOW_CONFIDENCE = "low_confidence"  # top root-cause probability under the abstain threshold
 TOO_LITTLE_TEXT = "too_little_text"  # no log signature and too few content words to tell
-
-
-IDEOGRAPHS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-"""Kana, CJK ideographs and Hangul: scripts written without spaces between words."""
-
-
-def content_words(text: str) -> set[str]:
-    """Distinct words of three or more characters that are not English stop words, in any
-    alphabet; text in a script without spaces counts a word per two characters."""
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
-    lowered = text.lower()
-    words = {w for w in re.findall(r"\w[\w.\-]*\w", lowered)
-             if len(w) >= 3 and w not in ENGLISH_STOP_WORDS and not IDEOGRAPHS.search(w)}
-    ideographs = IDEOGRAPHS.findall(lowered)
-    return words | {"".join(ideographs[n:n + 2]) for n in range(0, len(ideographs), 2)}
 
 
 def says_too_little(text: str, has_evidence: bool, min_words: int) -> bool:

@@ -21,6 +21,19 @@ class Provenance(str, Enum):
     confirmed = "confirmed"  # a machine suggestion an engineer accepted or corrected
 
 
+VOTE_WEIGHT = {Provenance.human_labelled.value: 1.0, Provenance.confirmed.value: 1.0,
+               Provenance.machine_suggested.value: 0.0}
+"""How much an incident's labels count, by provenance: unconfirmed machine labels do not vote.
+The one place that decides it, for retrieval, neighbour votes, priors and training alike."""
+VOTERS = [name for name, weight in VOTE_WEIGHT.items() if weight > 0]
+"""Provenances whose labels vote."""
+
+
+def vote_weight(provenance: str | Provenance) -> float:
+    """How much labels of this provenance count (0: they do not vote)."""
+    return VOTE_WEIGHT.get(getattr(provenance, "value", provenance), 0.0)
+
+
 class Incident(BaseModel):
     """A past (or new) incident: the ticket text, what resolved it and its labels."""
 
@@ -55,6 +68,11 @@ class Incident(BaseModel):
     def labelled(self) -> bool:
         """True when the incident carries a root-cause label."""
         return self.root_cause is not None
+
+    @property
+    def votes(self) -> bool:
+        """True when its labels count (a person stands behind them)."""
+        return vote_weight(self.provenance) > 0
 
     def text(self) -> str:
         """The ticket text used for retrieval (title and description, not the resolution)."""

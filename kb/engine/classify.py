@@ -21,12 +21,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from kb.core.incidents import vote_weight
 from kb.core.suggestion import Evidence, SimilarIncident
 from kb.engine.evidence import evidence_scores
-
-VOTING_PROVENANCE = {"human_labelled": 1.0, "confirmed": 1.0, "machine_suggested": 0.0}
-"""How much a neighbour's label counts, by provenance: unconfirmed machine labels do not vote."""
-
 
 FEATURES = ("evidence", "vote", "taxonomy", "nearest", "prior", "text")
 BOUNDS = {"evidence": (0, 10), "vote": (0, 20), "taxonomy": (0, 5), "nearest": (0, 20), "prior": (0, 3),
@@ -86,7 +83,7 @@ def neighbour_votes(similar: list[SimilarIncident], labels: list[str], field: st
     total = 0.0
     for rank, hit in enumerate(similar):
         label = getattr(hit, field)
-        weight = VOTING_PROVENANCE.get(hit.provenance, 0.0) * max(hit.score, 0.0) ** power / (1 + 0.1 * rank)
+        weight = vote_weight(hit.provenance) * max(hit.score, 0.0) ** power / (1 + 0.1 * rank)
         if label in votes and weight > 0:
             votes[label] += weight
             total += weight
@@ -105,7 +102,7 @@ def nearest_similarity(similar: list[SimilarIncident], labels: list[str], field:
     best = dict.fromkeys(labels, 0.0)
     for hit in similar:
         label = getattr(hit, field)
-        if label in best and VOTING_PROVENANCE.get(hit.provenance, 0.0) > 0:
+        if label in best and vote_weight(hit.provenance) > 0:
             best[label] = max(best[label], hit.score)
     return best
 

@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from kb.core.incidents import Incident
+from kb.core.incidents import VOTERS, Incident
 from kb.core.suggestion import SimilarIncident
+from kb.core.text import tokenize
 from kb.engine.knowledge import KnowledgeBase
-
-_TOKEN = re.compile(r"[a-z][a-z0-9_]+|\d+")
-_STOP = frozenset("""a an and are as at be been but by can do does for from had has have i if in into is it
-its job jobs my no not of on or our so that the their then there these this to was we were what when which
-while will with you your after before again also all any been being did get got how just more most now one
-only other out over same some still than them they too up very why would""".split())
 
 DENSE_WEIGHT = 0.7
 """Share of the dense similarity in the fused score; BM25 (max-normalised) takes the rest."""
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-case word and number tokens without stop words."""
-    return [t for t in _TOKEN.findall(text.lower()) if t not in _STOP]
 
 
 class BM25:
@@ -70,7 +59,9 @@ class BM25:
 
 
 @dataclass
-class _Corpus:
+class Corpus:
+    """What a retriever searches, as loaded from the store: incidents and their lexical index."""
+
     incidents: list[Incident]
     bm25: BM25
     position: dict[str, int]
@@ -107,20 +98,25 @@ class Retriever:
     def __init__(self, kb: KnowledgeBase, dense_weight: float = DENSE_WEIGHT):
         self.kb = kb
         self.dense_weight = dense_weight
-        self._corpus: _Corpus | None = None
+        self._corpus: Corpus | None = None
 
-    def _load(self) -> _Corpus:
+    def corpus(self) -> Corpus:
+        """The loaded corpus, reloaded first when the store changed."""
         if (self._corpus is None or self._corpus.state != self.kb.store.state()
                 or self._corpus.generation != self.kb.generation):
             self.refresh()
         return self._corpus
+
+    def incidents(self) -> list[Incident]:
+        """The incidents it retrieves from, as of its last load."""
+        return self.corpus().incidents
 
     def refresh(self) -> None:
         """Reload the lexical index from the store (after incidents were added)."""
         state = self.kb.store.state()  # read first: a write during the scan forces another reload
         incidents = self.kb.store.incidents()
         docs = [tokenize(i.document()) for i in incidents]
-        self._corpus = _Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
+        self._corpus = Corpus(incidents, BM25(docs), {i.id: n for n, i in enumerate(incidents)},
                                len(incidents), self.kb.generation, state)
 
     def dense_candidates(self, vectors: np.ndarray, k: int = 5,
@@ -140,7 +136,7 @@ class Retriever:
 
         ``dense``: this query's pool from ``dense_candidates``, when already fetched.
         """
-        corpus = self._load()
+        corpus = self.corpus()
         if not corpus.incidents:
             return []
         pool = max(50, 5 * k)
@@ -174,3 +170,50 @@ class Retriever:
                                 root_cause_dimension=dim, mitigation=i.mitigation,
                                 resolution=i.resolution, provenance=i.provenance.value, source=i.source)
                 for s, d, lex, i, dim in scored[:k]]
+
+
+class VotingRetriever(Retriever):
+    """Retrieval over the incidents whose labels vote (``VOTERS``).
+
+    Unconfirmed machine suggestions are left out of the dense and the lexical search alike, so
+    adding them to the knowledge base never changes a classification: they can neither crowd
+    voting neighbours out nor shift the BM25 statistics. ``pinned`` keeps the corpus loaded
+    first (for a batch job whose own machine-suggested additions would only force reloads).
+    """
+
+    def __init__(self, kb: KnowledgeBase, dense_weight: float = DENSE_WEIGHT, pinned: bool = False):
+        super().__init__(kb, dense_weight)
+        self.pinned = pinned
+
+    def corpus(self) -> Corpus:
+        if self.pinned and self._corpus is not None:
+            return self._corpus
+        return super().corpus()
+
+    def _voting_where(self, where: dict | None) -> dict | None:
+        corpus = self.corpus()
+        if not self.pinned and len(corpus.incidents) == corpus.stored_count:
+            return where  # every stored incident votes: no filter needed
+        wanted = (where or {}).get("provenance", VOTERS)
+        wanted = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        return {**(where or {}), "provenance": [p for p in wanted if p in VOTERS]}
+
+    def refresh(self) -> None:
+        """Reload the lexical index from the store, keeping only incidents that vote."""
+        state = self.kb.store.state()  # read first: a write during the scan forces another reload
+        everything = self.kb.store.incidents()
+        voters = [i for i in everything if i.votes]
+        self._corpus = Corpus(voters, BM25([tokenize(i.document()) for i in voters]),
+                               {i.id: n for n, i in enumerate(voters)}, len(everything), self.kb.generation,
+                               state)
+
+    def dense_candidates(self, vectors: np.ndarray, k: int = 5,
+                         where: dict | None = None) -> list[dict[str, float]]:
+        """Dense candidate pools of many query vectors, voting incidents only."""
+        return super().dense_candidates(vectors, k, self._voting_where(where))
+
+    def retrieve_similar(self, text: str, k: int = 5, where: dict | None = None,
+                         query_vector: np.ndarray | None = None, exclude: set[str] | None = None,
+                         dense: dict[str, float] | None = None) -> list[SimilarIncident]:
+        """The k most similar voting incidents, best first."""
+        return super().retrieve_similar(text, k, self._voting_where(where), query_vector, exclude, dense)

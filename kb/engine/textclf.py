@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kb.core.text import TOKEN_PATTERN
+
 log = logging.getLogger(__name__)
 
-TOKEN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]+|\d+"
 MAX_CHAR_FEATURES = 50_000
 MODEL_VERSION = 3  # bump when the features or the model change: cached classifiers are then refitted
 REPORT_WEIGHT = 0.5

@@ -183,7 +183,7 @@ def second_expert(cases: list[Case], dimension_of: Callable[[str], str | None] |
 
 def baselines(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]) -> dict[str, dict]:
     """Majority class of the knowledge base, and the neighbours' vote alone, in the same run."""
-    incidents = engine.retriever._load().incidents
+    incidents = engine.retriever.incidents()
     majority = Counter(i.root_cause for i in incidents if i.root_cause).most_common(1)[0][0]
     truth = [c.root_cause for c in cases]
     out = {"majority_class": {"label": majority, "top1": accuracy(truth, [majority] * len(truth)),

@@ -1,0 +1,149 @@
+"""The corpus snapshot: what the engine derives from one state of the store, built once, read-only.
+
+A suggestion reads one snapshot from start to end: the voting incidents and their lexical index,
+the label priors, how each cause was mitigated, the node index and the trained text classifiers
+all belong to the same store state. When the store changes, ``Snapshots`` builds the next one and
+swaps it in with a single assignment, so a thread never sees one part new and another stale.
+
+Refitting the text classifiers takes seconds. A long-running service can let it happen in the
+background (``refit_in_background``): until it is done, suggestions use the new corpus with the
+previous classifiers, and the request that noticed the change is not held up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from kb.core.incidents import Incident
+from kb.core.taxonomy import Taxonomy
+from kb.engine.history import node_index
+from kb.engine.mitigate import cause_mitigations
+from kb.engine.search import Corpus, VotingRetriever
+from kb.engine.textclf import TextClassifier
+
+log = logging.getLogger(__name__)
+
+Classifiers = dict[str, TextClassifier]
+
+
+def label_priors(incidents: list[Incident], field_name: str, labels: list[str]) -> dict[str, float]:
+    """How often each label occurs among the incidents, Laplace-smoothed."""
+    counts = Counter(getattr(i, field_name) for i in incidents)
+    total = sum(counts[label] for label in labels)
+    return {label: (counts[label] + 1) / (total + len(labels)) for label in labels}
+
+
+@dataclass(frozen=True)
+class CorpusSnapshot:
+    """Everything the engine derives from one state of the store (see the module doc)."""
+
+    corpus: Corpus  # the retriever's voting incidents and lexical index; its identity keys the snapshot
+    priors: dict[str, dict[str, float]]  # incident field -> label -> smoothed prior
+    mitigations: dict[str, dict[str, float]]  # cause -> how its incidents were mitigated
+    classifiers: Classifiers  # incident field -> trained text classifier
+    fingerprint: str  # digest of the incidents the classifiers were trained on
+    nodes: Callable[[], dict[str, list[Incident]]] = field(repr=False, default=dict)
+    """The node index (all incidents, labelled or not), computed on first use: most tickets name no node."""
+
+    @property
+    def incidents(self) -> list[Incident]:
+        """The voting incidents."""
+        return self.corpus.incidents
+
+
+def _lazy(compute: Callable[[], dict]) -> Callable[[], dict]:
+    """``compute()`` run once, on the first call (a race computes it twice; both results are equal)."""
+    done: list[dict] = []
+
+    def value() -> dict:
+        if not done:
+            done.append(compute())
+        return done[0]
+
+    return value
+
+
+class Snapshots:
+    """The current snapshot of a retriever's corpus, rebuilt when the corpus reloads.
+
+    ``classifiers(voters, previous)`` returns (fingerprint, classifiers) for a corpus: the previous
+    snapshot's when they were trained on the same incidents, else cached or freshly fitted ones.
+    """
+
+    def __init__(self, retriever: VotingRetriever, taxonomy: Callable[[], Taxonomy],
+                 all_incidents: Callable[[], list[Incident]],
+                 fingerprint: Callable[[list[Incident]], str],
+                 fit: Callable[[str], Classifiers], refit_in_background: bool = False):
+        self.retriever = retriever
+        self._taxonomy = taxonomy
+        self._all_incidents = all_incidents
+        self._fingerprint = fingerprint
+        self._fit = fit
+        self.refit_in_background = refit_in_background
+        self._current: CorpusSnapshot | None = None
+        self._lock = threading.Lock()
+        self._refitting: str | None = None  # fingerprint being fitted in the background
+
+    def current(self) -> CorpusSnapshot:
+        """The snapshot of the retriever's corpus as it is now (built on a change, once)."""
+        corpus = self.retriever.corpus()
+        snapshot = self._current
+        if snapshot is not None and snapshot.corpus is corpus:
+            return snapshot
+        with self._lock:
+            snapshot = self._current
+            if snapshot is None or snapshot.corpus is not corpus:
+                snapshot = self._build(corpus, snapshot)
+                self._current = snapshot  # one assignment: readers get the old or the new, never a mix
+        return snapshot
+
+    def _build(self, corpus: Corpus, previous: CorpusSnapshot | None) -> CorpusSnapshot:
+        tax = self._taxonomy()
+        voters = corpus.incidents
+        fingerprint = self._fingerprint(voters)
+        if previous is not None and previous.fingerprint == fingerprint:
+            classifiers = previous.classifiers
+        elif previous is not None and self.refit_in_background:
+            classifiers, fingerprint = previous.classifiers, previous.fingerprint
+            self._refit_later(self._fingerprint(voters))
+        else:
+            classifiers = self._fit(fingerprint)
+        return CorpusSnapshot(
+            corpus=corpus, fingerprint=fingerprint, classifiers=classifiers,
+            priors={"root_cause": label_priors(voters, "root_cause", tax.cause_ids),
+                    "symptom": label_priors(voters, "symptom", tax.symptom_ids)},
+            mitigations=cause_mitigations(tax, voters),
+            nodes=_lazy(lambda: node_index(self._all_incidents())))
+
+    def _refit_later(self, fingerprint: str) -> None:
+        """Fit classifiers for ``fingerprint`` in a thread, then swap them into the then-current
+        snapshot if it still holds the same incidents."""
+        if self._refitting == fingerprint:
+            return
+        self._refitting = fingerprint
+
+        def refit() -> None:
+            try:
+                classifiers = self._fit(fingerprint)
+            except Exception:  # noqa: BLE001 - the old classifiers keep serving; said in the log
+                log.exception("refitting the text classifiers failed; the previous ones stay in use")
+                return
+            finally:
+                self._refitting = None
+            with self._lock:
+                snapshot = self._current
+                if snapshot is not None and self._fingerprint(snapshot.incidents) == fingerprint:
+                    self._current = replace(snapshot, classifiers=classifiers, fingerprint=fingerprint)
+            log.info("text classifiers refitted on %d incidents", len(self._current.incidents))
+
+        threading.Thread(target=refit, name="pmkb-refit", daemon=True).start()
+
+    def wait_for_refit(self, timeout: float = 300.0) -> None:
+        """Block until a background refit (if any) is done; for tests and orderly shutdown."""
+        for thread in threading.enumerate():
+            if thread.name == "pmkb-refit":
+                thread.join(timeout)
