@@ -6,9 +6,9 @@ import streamlit as st
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason
 from kb.core.incidents import Incident
+from kb.core.roles import Store
 from kb.core.suggestion import Suggestion, explain
 from kb.core.taxonomy import Taxonomy
-from kb.engine.store import ChromaStore
 from ui.highlight import escape_markdown as md
 from ui.highlight import safe_link
 
@@ -128,7 +128,7 @@ def _low_util(s: Suggestion) -> None:
     st.info("**Low GPU utilisation: check these**\n\n" + lines, icon=":material/speed:")
 
 
-def render_similar(s: Suggestion, taxonomy: Taxonomy, store: ChromaStore) -> None:
+def render_similar(s: Suggestion, taxonomy: Taxonomy, store: Store) -> None:
     """Similar past incidents, each opening on its full stored record."""
     st.markdown("#### Similar past incidents")
     if not s.similar_incidents:

@@ -11,11 +11,11 @@ from typing import Callable, Iterable
 
 from kb.core.incidents import Incident
 from kb.core.redact import redact, redact_key
-from kb.core.roles import Embedder
+from kb.core.roles import Embedder, Store
 from kb.core.settings import Settings
 from kb.core.taxonomy import Taxonomy, load_taxonomy
 from kb.engine.embedding import make_embedder
-from kb.engine.store import ChromaStore, open_store
+from kb.engine.store import open_store
 
 Progress = Callable[[int], None]
 """Called with the number of records just processed."""
@@ -86,7 +86,7 @@ class KnowledgeBase:
         return self._embedder
 
     @cached_property
-    def store(self) -> ChromaStore:
+    def store(self) -> Store:
         """The vector store (opened on first use; refuses a store built by another model)."""
         return open_store(self.settings, self.embedder.model_id)
 

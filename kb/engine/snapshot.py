@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from kb.core.incidents import Incident
+from kb.core.roles import Retriever
 from kb.core.taxonomy import Taxonomy
 from kb.engine.history import node_index
 from kb.engine.mitigate import cause_mitigations
-from kb.engine.search import Corpus, VotingRetriever
 from kb.engine.textclf import TextClassifier
 
 log = logging.getLogger(__name__)
@@ -41,18 +41,13 @@ def label_priors(incidents: list[Incident], field_name: str, labels: list[str]) 
 class CorpusSnapshot:
     """Everything the engine derives from one state of the store (see the module doc)."""
 
-    corpus: Corpus  # the retriever's voting incidents and lexical index; its identity keys the snapshot
+    incidents: list[Incident]  # the retriever's (voting) incidents; the list's identity keys the snapshot
     priors: dict[str, dict[str, float]]  # incident field -> label -> smoothed prior
     mitigations: dict[str, dict[str, float]]  # cause -> how its incidents were mitigated
     classifiers: Classifiers  # incident field -> trained text classifier
     fingerprint: str  # digest of the incidents the classifiers were trained on
     nodes: Callable[[], dict[str, list[Incident]]] = field(repr=False, default=dict)
     """The node index (all incidents, labelled or not), computed on first use: most tickets name no node."""
-
-    @property
-    def incidents(self) -> list[Incident]:
-        """The voting incidents."""
-        return self.corpus.incidents
 
 
 def _lazy(compute: Callable[[], dict]) -> Callable[[], dict]:
@@ -68,13 +63,13 @@ def _lazy(compute: Callable[[], dict]) -> Callable[[], dict]:
 
 
 class Snapshots:
-    """The current snapshot of a retriever's corpus, rebuilt when the corpus reloads.
+    """The current snapshot of a retriever's incidents, rebuilt when the retriever reloads.
 
     ``classifiers(voters, previous)`` returns (fingerprint, classifiers) for a corpus: the previous
     snapshot's when they were trained on the same incidents, else cached or freshly fitted ones.
     """
 
-    def __init__(self, retriever: VotingRetriever, taxonomy: Callable[[], Taxonomy],
+    def __init__(self, retriever: Retriever, taxonomy: Callable[[], Taxonomy],
                  all_incidents: Callable[[], list[Incident]],
                  fingerprint: Callable[[list[Incident]], str],
                  fit: Callable[[str], Classifiers], refit_in_background: bool = False):
@@ -90,20 +85,19 @@ class Snapshots:
 
     def current(self) -> CorpusSnapshot:
         """The snapshot of the retriever's corpus as it is now (built on a change, once)."""
-        corpus = self.retriever.corpus()
+        incidents = self.retriever.incidents()  # a new list whenever the retriever reloads
         snapshot = self._current
-        if snapshot is not None and snapshot.corpus is corpus:
+        if snapshot is not None and snapshot.incidents is incidents:
             return snapshot
         with self._lock:
             snapshot = self._current
-            if snapshot is None or snapshot.corpus is not corpus:
-                snapshot = self._build(corpus, snapshot)
+            if snapshot is None or snapshot.incidents is not incidents:
+                snapshot = self._build(incidents, snapshot)
                 self._current = snapshot  # one assignment: readers get the old or the new, never a mix
         return snapshot
 
-    def _build(self, corpus: Corpus, previous: CorpusSnapshot | None) -> CorpusSnapshot:
+    def _build(self, voters: list[Incident], previous: CorpusSnapshot | None) -> CorpusSnapshot:
         tax = self._taxonomy()
-        voters = corpus.incidents
         fingerprint = self._fingerprint(voters)
         if previous is not None and previous.fingerprint == fingerprint:
             classifiers = previous.classifiers
@@ -113,7 +107,7 @@ class Snapshots:
         else:
             classifiers = self._fit(fingerprint)
         return CorpusSnapshot(
-            corpus=corpus, fingerprint=fingerprint, classifiers=classifiers,
+            incidents=voters, fingerprint=fingerprint, classifiers=classifiers,
             priors={"root_cause": label_priors(voters, "root_cause", tax.cause_ids),
                     "symptom": label_priors(voters, "symptom", tax.symptom_ids)},
             mitigations=cause_mitigations(tax, voters),

@@ -13,6 +13,7 @@ from kb import __version__
 from kb.core.abstain import label_decision, says_too_little
 from kb.core.incidents import Incident, trim_middle
 from kb.core.redact import redact
+from kb.core.roles import Retriever
 from kb.core.suggestion import (
     Candidate,
     EmptyTicket,
@@ -60,7 +61,7 @@ def _cosine_map(query: np.ndarray, vectors: dict[str, np.ndarray], prefix: str) 
 class SuggestionEngine:
     """Suggests symptom, root cause, mitigation and similar incidents for tickets, without an LLM."""
 
-    def __init__(self, kb: KnowledgeBase, retriever: VotingRetriever | None = None,
+    def __init__(self, kb: KnowledgeBase, retriever: Retriever | None = None,
                  calibration: Calibration | None = None, refit_in_background: bool = False):
         self.kb = kb
         self.settings = kb.settings
