@@ -23,12 +23,8 @@ from kb.core.roles import Suggester
 from kb.core.suggestion import EmptyTicket, Suggestion
 from kb.engine.classify import Calibration
 from kb.engine.knowledge import KnowledgeBase
-from kb.engine.suggest import (
-    PreparedTicket,
-    SuggestionEngine,
-    VotingRetriever,
-    embed_queries,
-)
+from kb.engine.search import VotingRetriever
+from kb.engine.suggest import PreparedTicket, SuggestionEngine
 from kb.jobs.annotate import annotation_record
 from kb.jobs.backfill_state import BackfillError, BackfillState, rewrite_output  # noqa: F401 - re-exported
 
@@ -261,7 +257,7 @@ class Backfill:
         return batch
 
     def _embed(self, batch: _Batch):
-        vectors = embed_queries(self.engine.kb.embedder, [r.prepared.query for r in batch.records])
+        vectors = self.engine.kb.embedder.embed_queries([r.prepared.query for r in batch.records])
         return vectors, self.engine.dense_candidates(vectors)
 
     def _finish(self, batch: _Batch, state: BackfillState, sink, pool: ThreadPoolExecutor) -> None:
