@@ -44,11 +44,13 @@ def shared_options() -> dict[str, typer.models.OptionInfo]:
 
 _PREFIX = "shared_"
 """Parameter names of the added options, kept apart from the command's own parameters."""
+_WRAPPED: set[Callable] = set()
+"""Commands that already take the shared options (adding them twice would repeat the options)."""
 
 
 def accept_shared_options(command: Callable) -> Callable:
     """``command`` taking the shared options too; the values given are stored in ``state``."""
-    if getattr(command, "takes_shared_options", False):
+    if command in _WRAPPED:
         return command
     signature = inspect.signature(command, eval_str=True)
 
@@ -66,7 +68,7 @@ def accept_shared_options(command: Callable) -> Callable:
     # typer reads the signature and the type hints; both must list the added options.
     wrapper.__signature__ = signature.replace(parameters=params)
     wrapper.__annotations__ = {p.name: p.annotation for p in params if p.annotation is not p.empty}
-    wrapper.takes_shared_options = True
+    _WRAPPED.add(wrapper)
     return wrapper
 
 

@@ -237,7 +237,13 @@ def test_llamacpp_answer_is_valid_cited_recorded_and_cached(engine, gemma, tmp_p
     assert trace["prompt"] == suggester.template.record()
     assert trace["llm"]["backend"] == "llamacpp" and trace["llm"]["model"] == "gemma-3-270m-q4_k_m.gguf"
     assert trace["llm"]["gpu_layers"] in (0, -1) and trace["llm"]["temperature"] == 0.0
-    assert trace["llm_cache"] is None
+    assert trace["llm"]["threads"] >= 1 and trace["llm_cache"] is None
+    shown = first.explanation.split(" (see [")[0]
+    if trace["llm_prose"] == "accepted":  # whole sentences within the limit, never cut mid-word
+        assert len(shown) <= EXPLANATION_CHARS and shown[-1] in ".!?", trace["llm_explanation_fit"]
+    else:  # the engine's explanation stays, and the trace says why
+        assert trace["llm_prose"].startswith("rejected: ")
+        assert first.explanation == engine.suggest(XID_TICKET).explanation
     again = suggester.suggest(XID_TICKET)
     assert again.trace["llm_cache"] == "memory" and again.trace["llm_choice"] == choice
     fresh = LLMSuggester(engine, gemma, cache=ResponseCache(tmp_path / "cache"))
