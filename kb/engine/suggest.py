@@ -68,7 +68,7 @@ class SuggestionEngine:
         self.retriever = retriever or VotingRetriever(kb)
         self.calibrator = Calibrator(kb)
         self._calibration = calibration
-        self.snapshots = Snapshots(self.retriever, lambda: kb.taxonomy, kb.store.incidents,
+        self.snapshots = Snapshots(self.retriever, lambda: kb.taxonomy, lambda: kb.store.incidents(),
                                    self.calibrator.fingerprint, self._fit_text_classifiers,
                                    refit_in_background=refit_in_background)
 
