@@ -147,7 +147,7 @@ class KnowledgeTools:
         from kb.llm.suggester import make_suggester
 
         log.info("loading the knowledge base at %s", self.settings.home)
-        engine = self._engine or SuggestionEngine(KnowledgeBase(self.settings))
+        engine = self._engine or SuggestionEngine(KnowledgeBase(self.settings), refit_in_background=True)
         engine.kb.ensure_built(log=log.info)
         if not engine.calibration_path.exists() and not self.settings.default_calibration.exists():
             log.info("fitting the classifier on the knowledge base (once)")

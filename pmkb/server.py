@@ -137,7 +137,7 @@ class Service:
         started = time.perf_counter()
         try:
             if self.engine is None:
-                self.engine = SuggestionEngine(KnowledgeBase(self.settings))
+                self.engine = SuggestionEngine(KnowledgeBase(self.settings), refit_in_background=True)
             self.engine.kb.ensure_built(log=log.info)
             self.engine.calibration
             # One throw-away suggestion builds the lazy parts (model, lexical index, taxonomy vectors),

@@ -434,3 +434,15 @@ def test_the_bot_comments_the_suggestion_the_page_shows_with_a_model_configured(
     assert MODEL_SAYS in comment["json"]["body"]
     assert annotated["explanation"].startswith(MODEL_SAYS)
     assert annotated["trace"]["llm"]["backend"] == "openai" and annotated["trace"]["llm_prose"] == "accepted"
+
+
+def test_a_service_that_builds_its_engine_refits_classifiers_in_the_background(kb_home, api, tmp_path):
+    """New incidents never hold up a webhook while the text classifiers refit."""
+    from fastapi.testclient import TestClient
+
+    home = tmp_path / "kb"
+    shutil.copytree(kb_home, home)
+    app = create_app(service_settings(home, api))
+    with TestClient(app) as client:
+        wait_until(lambda: client.get("/readyz").status_code == 200, 180, "/readyz")
+        assert app.state.service.engine.snapshots.refit_in_background

@@ -74,7 +74,7 @@ def load_everything(_settings: Settings, key: str) -> Loaded:
                              _settings.embedding_device)
     kb = KnowledgeBase(_settings, embedder=embedder)
     kb.ensure_built()
-    engine = SuggestionEngine(kb)
+    engine = SuggestionEngine(kb, refit_in_background=True)
     engine.calibration
     engine.suggest(WARM_UP)  # loads the model weights, lexical index and taxonomy vectors now
     suggester = make_suggester(engine)
