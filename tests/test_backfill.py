@@ -309,11 +309,7 @@ def test_llm_stage_runs_through_the_llm_layer(hashing_engine, tmp_path, monkeypa
     for name, value in (("llm", "openai"), ("llm_base_url", f"http://127.0.0.1:{port}/v1"),
                         ("llm_model", "served"), ("llm_timeout", 5.0)):
         monkeypatch.setattr(hashing_engine.settings, name, value)
-    source = tmp_path / "tickets.jsonl"
-    write_tickets(source, 4)
-    out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2),
-                          make_suggester(hashing_engine))
+    result, out = _backfill_with_the_model(hashing_engine, tmp_path, 4)
     assert (result.annotated, result.failed, result.llm) == (4, 0, "openai:served")
     traces = [json.loads(line)["trace"] for line in out.read_text().splitlines()]
     assert all(t["llm"]["backend"] == "openai" and t["llm_failed"] for t in traces)
@@ -327,11 +323,7 @@ def test_llm_stage_with_the_real_gguf(hashing_engine, tmp_path, monkeypatch):
     for name, value in (("llm", "llamacpp"), ("llm_model", str(gguf)), ("llm_context", 2048),
                         ("llm_timeout", 300.0)):
         monkeypatch.setattr(hashing_engine.settings, name, value)
-    source = tmp_path / "tickets.jsonl"
-    write_tickets(source, 2)
-    out = tmp_path / "out.jsonl"
-    result = run_backfill(hashing_engine, read_paths([source]), BackfillOptions(out=out, concurrency=2),
-                          make_suggester(hashing_engine))
+    result, out = _backfill_with_the_model(hashing_engine, tmp_path, 2)
     assert result.annotated == 2 and result.llm.startswith("llamacpp:")
     for record in map(json.loads, out.read_text().splitlines()):
         assert record["trace"]["llm"]["backend"] == "llamacpp" and record["trace"]["llm_attempts"] >= 1
@@ -365,3 +357,12 @@ def test_the_errors_file_quotes_records_redacted(hashing_engine, tmp_path):
     assert {e["stage"] for e in errors} == {"input", "empty", "duplicate"}
     assert next(e for e in errors if e["stage"] == "empty")["id"].startswith("ticket/[REDACTED:EMAIL]#")
     assert next(e for e in errors if e["stage"] == "duplicate")["id"] == "old-1"
+
+
+def _backfill_with_the_model(engine, tmp_path, count: int):
+    """Backfill ``count`` tickets through the suggester the settings name (2 threads); (result, output)."""
+    source = tmp_path / "tickets.jsonl"
+    write_tickets(source, count)
+    out = tmp_path / "out.jsonl"
+    return run_backfill(engine, read_paths([source]), BackfillOptions(out=out, concurrency=2),
+                        make_suggester(engine)), out

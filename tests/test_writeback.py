@@ -143,13 +143,8 @@ def test_github_write_back_then_update_without_second_comment(tmp_path):
             assert r["headers"]["accept"] == "application/vnd.github+json"
             assert r["headers"]["x-github-api-version"] == "2022-11-28"
         assert api.requests[3]["json"] == {"labels": first["labels_added"]}
-        posted = api.requests[4]["json"]["body"]
-        assert posted.startswith(GITHUB_MARKER) and labels_added_by_pmkb(posted) == first["labels_added"]
-        assert posted.splitlines()[-1] == "<!-- pmkb:added rc:gpu_memory_error dim:hardware symptom:job_crash -->"
-
-        api.requests.clear()
-        second = write_back(settings, ref, make_suggestion(root_cause="buggy_code", dimension="user"))
-        assert second["comment"] == "updated" and second["comment_id"] == first["comment_id"]
+        second = _first_comment_then_update(api, settings, ref, first, GITHUB_MARKER,
+                                            "<!-- pmkb:added rc:gpu_memory_error dim:hardware symptom:job_crash -->")
         assert second["labels_removed"] == ["rc:gpu_memory_error", "dim:hardware"]
         assert second["labels_added"] == ["rc:buggy_code", "dim:user"]  # symptom:job_crash is on already
         assert ("GET", "/user") not in [(r["method"], r["path"]) for r in api.requests]  # asked once per token
@@ -212,13 +207,8 @@ def test_jira_write_back_and_update(tmp_path):
             assert r["headers"]["authorization"] == "Bearer jira-token"
             assert r["headers"]["accept"] == "application/json"
         assert api.requests[4]["headers"]["content-type"] == "application/json"
-        posted = api.requests[4]["json"]["body"]
-        assert posted.startswith(JIRA_MARKER) and labels_added_by_pmkb(posted) == first["labels_added"]
-        assert posted.splitlines()[-1] == "{{pmkb:added rc:gpu_memory_error dim:hardware symptom:job_crash}}"
-
-        api.requests.clear()
-        second = write_back(settings, ref, make_suggestion(root_cause="buggy_code", dimension="user"))
-        assert second["comment"] == "updated" and second["comment_id"] == first["comment_id"]
+        _first_comment_then_update(api, settings, ref, first, JIRA_MARKER,
+                                   "{{pmkb:added rc:gpu_memory_error dim:hardware symptom:job_crash}}")
         assert [(r["method"], r["path"]) for r in api.writes()] == [
             ("PUT", "/rest/api/2/issue/OPS-12"), ("PUT", f"/rest/api/2/issue/OPS-12/comment/{first['comment_id']}")]
         assert {"remove": "rc:gpu_memory_error"} in api.writes()[0]["json"]["update"]["labels"]
@@ -409,3 +399,15 @@ def test_write_back_retrying_waits_longer_each_time_and_gives_up_on_a_lasting_er
         with pytest.raises(WriteBackError, match="HTTP 502"):
             write_back_retrying(settings, TicketRef(system="jira", key="OPS-9"), make_suggestion(), sleep=waits.append)
         assert waits == [1.0, 2.0]
+
+
+def _first_comment_then_update(api, settings, ref, first: dict, marker: str, added_line: str) -> dict:
+    """Check the first write's comment (5th call: marker first, the labels it added recorded last),
+    then write a changed suggestion: the same comment is updated. Returns the second write."""
+    posted = api.requests[4]["json"]["body"]
+    assert posted.startswith(marker) and labels_added_by_pmkb(posted) == first["labels_added"]
+    assert posted.splitlines()[-1] == added_line
+    api.requests.clear()
+    second = write_back(settings, ref, make_suggestion(root_cause="buggy_code", dimension="user"))
+    assert second["comment"] == "updated" and second["comment_id"] == first["comment_id"]
+    return second

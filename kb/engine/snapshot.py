@@ -20,8 +20,9 @@ from typing import Callable
 
 from kb.core.incidents import Incident
 from kb.core.roles import Retriever
-from kb.core.taxonomy import Taxonomy
+from kb.engine.calibrate import Calibrator
 from kb.engine.history import node_index
+from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import cause_mitigations
 from kb.engine.textclf import TextClassifier
 
@@ -65,19 +66,15 @@ def _lazy(compute: Callable[[], dict]) -> Callable[[], dict]:
 class Snapshots:
     """The current snapshot of a retriever's incidents, rebuilt when the retriever reloads.
 
-    ``classifiers(voters, previous)`` returns (fingerprint, classifiers) for a corpus: the previous
-    snapshot's when they were trained on the same incidents, else cached or freshly fitted ones.
+    Its text classifiers are the previous snapshot's when trained on the same incidents, else the
+    calibrator's cached or freshly fitted ones.
     """
 
-    def __init__(self, retriever: Retriever, taxonomy: Callable[[], Taxonomy],
-                 all_incidents: Callable[[], list[Incident]],
-                 fingerprint: Callable[[list[Incident]], str],
-                 fit: Callable[[str], Classifiers], refit_in_background: bool = False):
+    def __init__(self, retriever: Retriever, kb: KnowledgeBase, calibrator: Calibrator,
+                 refit_in_background: bool = False):
         self.retriever = retriever
-        self._taxonomy = taxonomy
-        self._all_incidents = all_incidents
-        self._fingerprint = fingerprint
-        self._fit = fit
+        self.kb = kb
+        self.calibrator = calibrator
         self.refit_in_background = refit_in_background
         self._current: CorpusSnapshot | None = None
         self._lock = threading.Lock()
@@ -97,23 +94,23 @@ class Snapshots:
         return snapshot
 
     def _build(self, voters: list[Incident], previous: CorpusSnapshot | None) -> CorpusSnapshot:
-        tax = self._taxonomy()
-        fingerprint = self._fingerprint(voters)
+        tax = self.kb.taxonomy
+        fingerprint = self.calibrator.fingerprint(voters)
         if previous is not None and previous.fingerprint == fingerprint:
             classifiers = previous.classifiers
         elif previous is not None and self.refit_in_background:
             classifiers, fingerprint = previous.classifiers, previous.fingerprint
-            self._refit_later(self._fingerprint(voters))
+            self._refit_later(voters, self.calibrator.fingerprint(voters))
         else:
-            classifiers = self._fit(fingerprint)
+            classifiers = self.calibrator.text_classifiers(voters, fingerprint)
         return CorpusSnapshot(
             incidents=voters, fingerprint=fingerprint, classifiers=classifiers,
             priors={"root_cause": label_priors(voters, "root_cause", tax.cause_ids),
                     "symptom": label_priors(voters, "symptom", tax.symptom_ids)},
             mitigations=cause_mitigations(tax, voters),
-            nodes=_lazy(lambda: node_index(self._all_incidents())))
+            nodes=_lazy(lambda: node_index(self.kb.store.incidents())))
 
-    def _refit_later(self, fingerprint: str) -> None:
+    def _refit_later(self, voters: list[Incident], fingerprint: str) -> None:
         """Fit classifiers for ``fingerprint`` in a thread, then swap them into the then-current
         snapshot if it still holds the same incidents."""
         if self._refitting == fingerprint:
@@ -122,7 +119,7 @@ class Snapshots:
 
         def refit() -> None:
             try:
-                classifiers = self._fit(fingerprint)
+                classifiers = self.calibrator.text_classifiers(voters, fingerprint)
             except Exception:  # noqa: BLE001 - the old classifiers keep serving; said in the log
                 log.exception("refitting the text classifiers failed; the previous ones stay in use")
                 return
@@ -130,7 +127,7 @@ class Snapshots:
                 self._refitting = None
             with self._lock:
                 snapshot = self._current
-                if snapshot is not None and self._fingerprint(snapshot.incidents) == fingerprint:
+                if snapshot is not None and self.calibrator.fingerprint(snapshot.incidents) == fingerprint:
                     self._current = replace(snapshot, classifiers=classifiers, fingerprint=fingerprint)
             log.info("text classifiers refitted on %d incidents", len(self._current.incidents))
 

@@ -34,7 +34,6 @@ from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import low_utilisation_hints, rank_mitigations, wants_low_utilisation_hints
 from kb.engine.search import VotingRetriever
 from kb.engine.snapshot import CorpusSnapshot, Snapshots
-from kb.engine.textclf import TextClassifier
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +67,7 @@ class SuggestionEngine:
         self.retriever = retriever or VotingRetriever(kb)
         self.calibrator = Calibrator(kb)
         self._calibration = calibration
-        self.snapshots = Snapshots(self.retriever, lambda: kb.taxonomy, lambda: kb.store.incidents(),
-                                   self.calibrator.fingerprint, self._fit_text_classifiers,
-                                   refit_in_background=refit_in_background)
+        self.snapshots = Snapshots(self.retriever, kb, self.calibrator, refit_in_background)
 
     @cached_property
     def signatures(self):
@@ -111,9 +108,6 @@ class SuggestionEngine:
     def snapshot(self) -> CorpusSnapshot:
         """The corpus snapshot every stage of one suggestion reads (see kb/engine/snapshot.py)."""
         return self.snapshots.current()
-
-    def _fit_text_classifiers(self, fingerprint: str) -> dict[str, TextClassifier]:
-        return self.calibrator.text_classifiers(self.retriever.incidents(), fingerprint)
 
     def usual_mitigations(self) -> dict[str, dict[str, float]]:
         """How each root cause's incidents in this knowledge base were mitigated (smoothed)."""
