@@ -77,6 +77,13 @@ def test_model_failure_falls_back_to_the_retrieval_answer(engine, suggestion, _b
     assert "The model failed (cannot reach the model server" in text and cited_ids(text)
 
 
+def test_a_model_that_cannot_be_set_up_gives_the_retrieval_answer_with_the_reason(engine, suggestion,
+                                                                                   monkeypatch):
+    monkeypatch.setattr(engine.settings, "llm", "openai")  # and no PMKB_LLM_BASE_URL
+    text = "".join(answer_followup(engine, suggestion, "How was this fixed?"))
+    assert "The model is not available (PMKB_LLM=openai needs PMKB_LLM_BASE_URL" in text and cited_ids(text)
+
+
 def test_prompt_keeps_people_text_delimited_and_fits_the_context(engine, suggestion, _built_kb_dir):
     generator = OpenAIGenerator(Settings(home=_built_kb_dir, llm="openai", llm_base_url="http://127.0.0.1:9/v1",
                                          llm_context=1200))
