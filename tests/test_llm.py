@@ -34,17 +34,15 @@ from kb.llm.backends import (
     make_generator,
     request_key,
 )
+from kb.llm.prose import EXPLANATION_CHARS, check_prose, fit_explanation
 from kb.llm.suggester import (
     ACCEPT_FLOOR,
     ACCEPT_MARGIN,
-    EXPLANATION_CHARS,
     InvalidAnswer,
     LLMAnswer,
     LLMSuggester,
     answer_schema,
-    check_prose,
     combine_choice,
-    fit_explanation,
     make_suggester,
     parse_answer,
 )

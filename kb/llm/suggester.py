@@ -12,10 +12,10 @@ when the engine's own probability for the pick is at least ``ACCEPT_FLOOR`` and 
 carrying instruction-like text the model never changes a label. The reported confidence is
 always the engine's calibrated probability of the label shown.
 
-What the model writes is checked like what it labels (``check_prose``): an explanation that
+What the model writes is checked like what it labels (``kb.llm.prose``): an explanation that
 names another root cause or symptom than the card shows, or an incident the suggestion does not
 cite or show, is not shown; the engine's explanation stays. An explanation over the length limit
-or cut off mid-sentence is cut back to its last full sentence (``fit_explanation``).
+or cut off mid-sentence is cut back to its last full sentence.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from kb.core.incidents import Incident
 from kb.core.redact import redact
 from kb.core.roles import Suggester
 from kb.core.suggestion import Candidate, Suggestion, Ticket
-from kb.core.taxonomy import Taxonomy
 from kb.core.untrusted import injection_markers, neutralise, strip_instruction_lines
 from kb.engine.evidence import find_evidence
 from kb.engine.mitigate import rank_mitigations
@@ -45,6 +44,7 @@ from kb.llm.backends import (
 )
 from kb.llm.chain import incident_document, structured_chain
 from kb.llm.prompting import PromptError, cited_ids, load_prompt, trim_around_evidence
+from kb.llm.prose import EXPLANATION_CHARS, check_prose, fit_explanation
 
 CAUSE_CHOICES = 5
 """Root-cause candidates offered to the model: the engine's top five."""
@@ -56,8 +56,6 @@ ACCEPT_FLOOR = 0.10
 """... and have at least this engine probability, or the engine's label stays."""
 ANSWER_TOKENS = 384
 """Room always kept free in the context window for the answer, so it is never cut off."""
-EXPLANATION_CHARS = 300
-"""Longest explanation shown; the schema and the prompt both tell the model."""
 RESOLUTION_CHARS = 300
 TICKET_CHARS = 12_000
 
@@ -78,63 +76,6 @@ class LLMAnswer(BaseModel):
 def _first_sentence(text: str) -> str:
     end = text.find(". ")
     return text[:end + 1] if end > 0 else text
-
-
-_SENTENCE_END = re.compile(r"[.!?](?=[\s)]|$)")
-
-
-def fit_explanation(text: str, limit: int = EXPLANATION_CHARS) -> tuple[str | None, str]:
-    """(text to show or None, what was done: ``whole``, ``cut ...`` or ``rejected: ...``).
-
-    An explanation within the limit that ends a sentence is shown whole; one over the limit or
-    cut off mid-sentence is cut back to its last full sentence within the limit; without one,
-    it is rejected (never cut mid-word).
-    """
-    text = " ".join(text.split())
-    if not text:
-        return None, "rejected: empty"
-    if len(text) <= limit and _SENTENCE_END.search(text[-1:]):
-        return text, "whole"
-    ends = [m.end() for m in _SENTENCE_END.finditer(text) if m.end() <= limit]
-    why = f"over {limit} characters ({len(text)})" if len(text) > limit else "ends mid-sentence"
-    if not ends:
-        return None, f"rejected: {why}, with no full sentence within {limit} characters"
-    return text[:ends[-1]], f"cut at the last full sentence ({ends[-1]} of {len(text)} characters): {why}"
-
-
-def _mentions(text: str, term: str) -> bool:
-    """Whether ``term`` appears in ``text`` as a whole word or phrase (case and spacing ignored)."""
-    words = r"\s+".join(re.escape(w) for w in term.split())
-    return re.search(rf"(?<![\w-]){words}(?![\w-])", text, re.IGNORECASE) is not None
-
-
-def _label_terms(taxonomy: Taxonomy) -> list[tuple[str, str, tuple[str, ...]]]:
-    """(kind, id, terms naming it) for every root cause (id and name) and symptom (id)."""
-    causes = [("root cause", c.id, (c.id, c.name)) for c in taxonomy.root_causes]
-    return causes + [("symptom", s.id, (s.id,)) for s in taxonomy.symptoms]
-
-
-_ID_LIKE = re.compile(r"(?<![\w.:-])[A-Za-z][\w.:-]*\d[\w.:-]*(?<![.:-])")
-
-
-def check_prose(text: str, shown: Suggestion, taxonomy: Taxonomy, known_ids: set[str],
-                cited: list[str]) -> str | None:
-    """Why the explanation may not be shown on this card, or None when it may.
-
-    It may name only the root cause and symptom the card shows (by id, or the cause by its
-    taxonomy name), and only the incidents the answer cites or the card lists as similar;
-    ``known_ids`` are the knowledge base's incident ids, so node names are not taken for them.
-    """
-    expected = {"root cause": shown.root_cause, "symptom": shown.symptom}
-    for kind, label, terms in _label_terms(taxonomy):
-        if label != expected[kind] and any(_mentions(text, term) for term in terms):
-            return f"it names {kind} {label}, but the card shows {expected[kind]}"
-    allowed = set(cited) | {h.id for h in shown.similar_incidents}
-    mentioned = cited_ids(text) + [m for m in _ID_LIKE.findall(text) if m in known_ids]
-    outside = [i for i in dict.fromkeys(mentioned) if i not in allowed]
-    if outside:
-        return f"it names incident {', '.join(outside)}, which the suggestion does not cite or show"
-    return None
 
 
 class InvalidAnswer(ValueError):
@@ -384,7 +325,7 @@ class LLMSuggester:
         if not cause_ok:
             trace["llm_prose"] = f"rejected: it explains {answer.root_cause}, but the card shows {cause}"
         elif text is None:
-            trace["llm_prose"] = f"rejected: {fit.removeprefix('rejected: ')}"
+            trace["llm_prose"] = fit
         elif (problem := check_prose(text, shown, self.engine.kb.taxonomy, self._incident_ids(),
                                      answer.citations)) is not None:
             trace["llm_prose"] = f"rejected: {problem}"
