@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     low_gpu_taxonomy: Path = DATA_DIR / "low_gpu_utilisation.yaml"
     # Log-signature file (evidence rules).
     signatures: Path = DATA_DIR / "signatures.yaml"
+    # Close calls: the question that decides between two easily confused root causes; a team may
+    # point this at its own file.
+    close_calls: Path = DATA_DIR / "close_calls.yaml"
     # Classifier weights used until a knowledge base has its own (`pmkb calibrate`).
     default_calibration: Path = DATA_DIR / "calibration.json"
     # Bundled incident reports used to build an empty knowledge base.
@@ -102,6 +105,8 @@ class Settings(BaseSettings):
     chroma_refresh_seconds: float = 5.0
     # Suggestions whose top root-cause probability is below this are marked abstained.
     abstain_threshold: float = 0.35
+    # Prediction sets hold the true root cause (and symptom) with probability at least 1 - alpha.
+    set_alpha: float = Field(0.1, gt=0, lt=1)
     # A ticket with fewer distinct content words than this and no log signature says too little
     # to tell the cause ("job failed", "please take a look"): it is marked abstained whatever
     # the probabilities.
