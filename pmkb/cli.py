@@ -263,8 +263,17 @@ def render_card(s) -> str:
                  f"{s.root_cause_confidence:.0%}")
     if s.abstain_reason == TOO_LITTLE_TEXT:
         lines.append(f"  {TOO_LITTLE_ADVICE}")
-    others = ", ".join(f"{c.id} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
-    lines.append(f"  next candidates: {others}")
+    if len(s.root_cause_set) > 1:
+        lines.append(f"  one of these {len(s.root_cause_set)} causes ({s.set_level:.0%}): "
+                     + ", ".join(f"{m.id} [{m.dimension}] {m.confidence:.0%}" for m in s.root_cause_set))
+    else:
+        others = ", ".join(f"{c.id} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
+        lines.append(f"  next candidates: {others}" + (f"  (alone in the {s.set_level:.0%} prediction set)"
+                                                        if s.root_cause_set else ""))
+    if s.close_call:
+        first, second = s.close_call.causes
+        lines.append(f"  to decide: {s.close_call.question}")
+        lines += [f"    {c}: {s.close_call.answers[c]}" for c in (first, second)]
     lines.append(f"symptom: {s.symptom} {s.symptom_confidence:.0%}")
     lines.append(f"retry safe: {'yes' if s.retry_safe else 'no'}"
                  + (f"   suspect: {', '.join(f'{k} {v}' for k, v in s.suspect.items())}" if s.suspect else ""))
@@ -383,15 +392,22 @@ def eval_cmd(
 def calibrate(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the weights here instead of the "
                                        "knowledge base (e.g. data/calibration.json)."),
+    sets_only: bool = typer.Option(False, "--sets-only", help="Refit only the prediction sets, keeping "
+                                   "the classifier weights in use."),
 ) -> None:
-    """Refit the classifier weights on the knowledge base (after adding many incidents)."""
+    """Refit the classifier weights and the prediction sets on the knowledge base (after adding many
+    incidents, or confirming many suggestions)."""
     from kb.engine.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb())
-    cal = engine.fit_calibration(save=out is None)
-    if out is not None:
-        cal.save(out)
-    typer.echo(f"fitted on {cal.fitted_on}: log loss {cal.log_loss}\n{cal.model_dump_json(indent=2)}")
+    echo_err("scoring every labelled incident as an unseen ticket (a few minutes) ...")
+    cal = engine.fit_sets() if sets_only else engine.fit_calibration(save=out is None)
+    if out is not None or sets_only:
+        cal.save(out or engine.calibration_path)
+    sets = cal.root_cause_set
+    typer.echo(f"fitted on {cal.fitted_on}: log loss {cal.log_loss}; prediction sets on {cal.sets_fitted_on}: "
+               f"cause set threshold at {1 - engine.settings.set_alpha:.0%}: "
+               f"{sets.threshold(engine.settings.set_alpha) if sets else 'none'}")
 
 
 @app.command()

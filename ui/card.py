@@ -80,7 +80,27 @@ def _verdict(s: Suggestion, threshold: float, taxonomy: Taxonomy) -> None:
                 text=f"confidence {s.root_cause_confidence:.0%}")
 
 
+def _prediction_set(s: Suggestion, taxonomy: Taxonomy) -> None:
+    """"One of these N causes (90%)" with each member's dimension, and the question that decides."""
+    if len(s.root_cause_set) < 2:
+        if s.root_cause_set:
+            st.caption(f"The {s.set_level:.0%} prediction set holds this cause alone.")
+        return
+    st.markdown(f"**One of these {len(s.root_cause_set)} causes ({s.set_level:.0%}):**")
+    for m in s.root_cause_set:
+        st.markdown(f"- {md(_name(taxonomy, 'root_cause', m.id))} :{taxonomy.dimension_colour(m.dimension)}"
+                    f"-badge[{md(m.dimension or '?')}] {m.confidence:.0%}")
+    if s.close_call:
+        first, second = s.close_call.causes
+        st.info(f"**To decide:** {md(s.close_call.question)}\n\n"
+                f"- {md(_name(taxonomy, 'root_cause', first))}: {md(s.close_call.answers[first])}\n"
+                f"- {md(_name(taxonomy, 'root_cause', second))}: {md(s.close_call.answers[second])}",
+                icon=":material/quiz:")
+
+
 def _candidates(s: Suggestion, taxonomy: Taxonomy) -> None:
+    if len(s.root_cause_set) > 1:
+        return  # the prediction set shows them
     others = s.root_cause_candidates[1:3]
     if not others:
         return
@@ -148,6 +168,7 @@ def render_card(shown: Suggestion, taxonomy: Taxonomy, threshold: float) -> None
     """Verdict, candidates, safety, mitigations and reasoning (the shown threshold already applied)."""
     with st.container(border=True):
         _verdict(shown, threshold, taxonomy)
+        _prediction_set(shown, taxonomy)
         _candidates(shown, taxonomy)
         st.markdown(f"**Symptom:** {md(_name(taxonomy, 'symptom', shown.symptom))} "
                     f"{shown.symptom_confidence:.0%}")

@@ -138,6 +138,17 @@ class Candidate(BaseModel):
 
     id: str
     confidence: float
+    dimension: str | None = None  # a root cause's dimension, in prediction sets
+
+
+class CloseCallQuestion(BaseModel):
+    """The question whose answer decides between two causes of a prediction set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    causes: list[str]  # the two causes, the engine's more likely first
+    question: str
+    answers: dict[str, str]  # cause -> the answer that points to it
 
 
 class Suggestion(BaseModel):
@@ -154,6 +165,12 @@ class Suggestion(BaseModel):
     root_cause_dimension: str
     root_cause_confidence: float
     root_cause_candidates: list[Candidate]  # ranked
+    # The smallest set of causes (and of symptoms) that holds the true one with probability
+    # set_level (split conformal, kb/engine/conformal.py); empty when the calibration has none.
+    root_cause_set: list[Candidate] = Field(default_factory=list)
+    symptom_set: list[Candidate] = Field(default_factory=list)
+    set_level: float | None = None
+    close_call: CloseCallQuestion | None = None  # the question that decides between the set's top two causes
     abstained: bool  # not sure enough to label: see abstain_reason
     abstain_reason: str | None = None  # LOW_CONFIDENCE or TOO_LITTLE_TEXT when abstained
     mitigation: str  # first of the ranked mitigations
@@ -192,3 +209,20 @@ def explain(s: Suggestion) -> str:
         parts.append("A resubmission" + (f" excluding {s.suspect['node']}" if s.suspect and
                                           s.suspect.get("node") else "") + " will likely clear it.")
     return " ".join(parts)
+
+
+CAUSE_LABEL, DIMENSION_LABEL, COMMENT_ONLY = "cause", "dimension", "comment"
+
+
+def labelling(s: Suggestion) -> str:
+    """What a suggestion is sure enough to label, by its prediction set: the cause when the set
+    holds one cause, the dimension when every cause of the set lies in one dimension, else nothing
+    but a comment. Without a set (no set calibration) the top cause is labelled unless abstained;
+    a ticket that says too little is never labelled."""
+    if s.abstain_reason == TOO_LITTLE_TEXT:
+        return COMMENT_ONLY
+    if not s.root_cause_set:
+        return COMMENT_ONLY if s.abstained else CAUSE_LABEL
+    if len(s.root_cause_set) == 1:
+        return CAUSE_LABEL
+    return DIMENSION_LABEL if len({m.dimension for m in s.root_cause_set}) == 1 else COMMENT_ONLY

@@ -15,8 +15,9 @@ from typing import Callable
 
 import numpy as np
 
-from kb.core.incidents import Incident
-from kb.engine.classify import Calibration, LabelFeatures, fit_weights
+from kb.core.incidents import Incident, Provenance
+from kb.engine.classify import Calibration, LabelFeatures, fit_weights, predict
+from kb.engine.conformal import SetCalibration
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.textclf import (
     CACHE_FILE,
@@ -28,6 +29,10 @@ from kb.engine.textclf import (
 )
 
 log = logging.getLogger(__name__)
+
+CONFIRMED_SET_WEIGHT = 3.0
+"""How much a confirmed incident counts in the prediction sets' calibration against a human-labelled
+one: confirmed incidents are this team's own tickets, the distribution the sets must hold on."""
 
 LeaveOneOut = Callable[[Incident, np.ndarray, str, dict[str, np.ndarray]], tuple[LabelFeatures, LabelFeatures]]
 """``(incident, its vector, its text, out-of-fold text log-probabilities) -> (cause, symptom)
@@ -87,29 +92,52 @@ class Calibrator:
         """This knowledge base's fitted weights, else the weights shipped with pmkb; None if neither."""
         return Calibration.load(self.calibration_path) or Calibration.load(self.settings.default_calibration)
 
-    def fit(self, voters: list[Incident], features: LeaveOneOut, save: bool = True) -> Calibration:
-        """Fit the classifier weights leave-one-out over the labelled voting incidents.
-
-        Neighbours exclude the incident itself and the text classifier's probabilities are
-        out-of-fold, so every feature is computed as it would be for an unseen ticket.
-        """
+    def _left_out(self, voters: list[Incident], features: LeaveOneOut):
+        """Each labelled voting incident scored as an unseen ticket: (incidents, their cause
+        features, their symptom features)."""
         incidents, vectors = self.training_set(voters)
         texts, reports = [i.text() for i in incidents], [i.document() for i in incidents]
         oof = {name: out_of_fold_log_proba(labels, texts, vectors, [getattr(i, name) for i in incidents], reports)
                for name, labels in self.label_sets().items()}
-        cause_samples, cause_truth, symptom_samples, symptom_truth = [], [], [], []
-        for n, (incident, vector, text) in enumerate(zip(incidents, vectors, texts)):
-            cause_f, symptom_f = features(incident, vector, text, {name: oof[name][n] for name in oof})
-            cause_samples.append(cause_f)
-            cause_truth.append(incident.root_cause)
-            if incident.symptom:
-                symptom_samples.append(symptom_f)
-                symptom_truth.append(incident.symptom)
-        cause_w, cause_loss = fit_weights(cause_samples, cause_truth)
-        symptom_w, _ = fit_weights(symptom_samples, symptom_truth)
+        samples = [features(incident, vector, text, {name: oof[name][n] for name in oof})
+                   for n, (incident, vector, text) in enumerate(zip(incidents, vectors, texts))]
+        return incidents, [c for c, _ in samples], [s for _, s in samples]
+
+    def fit(self, voters: list[Incident], features: LeaveOneOut, save: bool = True) -> Calibration:
+        """Fit the classifier weights leave-one-out over the labelled voting incidents, and the
+        prediction sets on the same left-out scores.
+
+        Neighbours exclude the incident itself and the text classifier's probabilities are
+        out-of-fold, so every feature is computed as it would be for an unseen ticket.
+        """
+        incidents, cause_f, symptom_f = self._left_out(voters, features)
+        with_symptom = [n for n, i in enumerate(incidents) if i.symptom]
+        cause_w, cause_loss = fit_weights(cause_f, [i.root_cause for i in incidents])
+        symptom_w, _ = fit_weights([symptom_f[n] for n in with_symptom], [incidents[n].symptom for n in with_symptom])
         calibration = Calibration(root_cause=cause_w, symptom=symptom_w, log_loss=round(cause_loss, 4),
-                                  fitted_on=f"leave-one-out over {len(cause_samples)} labelled incidents "
+                                  fitted_on=f"leave-one-out over {len(incidents)} labelled incidents "
                                             f"({datetime.now(timezone.utc):%Y-%m-%d})")
-        if save and cause_samples:
+        calibration = self._with_sets(calibration, incidents, cause_f, symptom_f)
+        if save and incidents:
             calibration.save(self.calibration_path)
         return calibration
+
+    def fit_sets(self, voters: list[Incident], features: LeaveOneOut, calibration: Calibration) -> Calibration:
+        """The prediction sets fitted anew on these incidents, the weights kept as they are."""
+        incidents, cause_f, symptom_f = self._left_out(voters, features)
+        return self._with_sets(calibration, incidents, cause_f, symptom_f)
+
+    @staticmethod
+    def _with_sets(calibration: Calibration, incidents: list[Incident], cause_f: list[LabelFeatures],
+                   symptom_f: list[LabelFeatures]) -> Calibration:
+        weights = [CONFIRMED_SET_WEIGHT if i.provenance == Provenance.confirmed else 1.0 for i in incidents]
+        with_symptom = [n for n, i in enumerate(incidents) if i.symptom]
+        confirmed = sum(i.provenance == Provenance.confirmed for i in incidents)
+        return calibration.model_copy(update={
+            "root_cause_set": SetCalibration.fit([predict(f, calibration.root_cause) for f in cause_f],
+                                                 [i.root_cause for i in incidents], weights),
+            "symptom_set": SetCalibration.fit([predict(symptom_f[n], calibration.symptom) for n in with_symptom],
+                                              [incidents[n].symptom for n in with_symptom],
+                                              [weights[n] for n in with_symptom]),
+            "sets_fitted_on": f"left-out scores of {len(incidents)} labelled incidents ({confirmed} confirmed, "
+                              f"weighing {CONFIRMED_SET_WEIGHT:g} each) ({datetime.now(timezone.utc):%Y-%m-%d})"})

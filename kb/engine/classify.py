@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kb.core.incidents import vote_weight
 from kb.core.suggestion import Evidence, SimilarIncident
+from kb.engine.conformal import SetCalibration
 from kb.engine.evidence import evidence_scores
 
 FEATURES = ("evidence", "vote", "taxonomy", "nearest", "prior", "text")
@@ -56,6 +57,10 @@ class Calibration(BaseModel):
     symptom: Weights = Weights()
     fitted_on: str = "defaults"  # e.g. "leave-one-out over 260 incidents"
     log_loss: float | None = None
+    # Prediction-set calibration: scores of the true labels of the same incidents (see conformal.py).
+    root_cause_set: SetCalibration | None = None
+    symptom_set: SetCalibration | None = None
+    sets_fitted_on: str | None = None
 
     def save(self, path: Path) -> None:
         """Write as JSON."""

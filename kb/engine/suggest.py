@@ -11,11 +11,13 @@ import numpy as np
 
 from kb import __version__
 from kb.core.abstain import label_decision, says_too_little
+from kb.core.close_calls import CloseCalls, load_close_calls
 from kb.core.incidents import Incident, trim_middle
 from kb.core.redact import redact
 from kb.core.roles import Retriever
 from kb.core.suggestion import (
     Candidate,
+    CloseCallQuestion,
     EmptyTicket,
     Evidence,
     NodeHistory,
@@ -36,6 +38,9 @@ from kb.engine.search import VotingRetriever
 from kb.engine.snapshot import CorpusSnapshot, Snapshots
 
 log = logging.getLogger(__name__)
+
+CLOSE_MARGIN = 0.15
+"""Two causes whose probabilities are this close are a close call, whatever their dimensions."""
 
 MAX_TICKET_CHARS = 12_000
 """Ticket text beyond this is trimmed in the middle for embedding (evidence is found on all of it)."""
@@ -73,6 +78,11 @@ class SuggestionEngine:
     def signatures(self):
         """Validated log signatures."""
         return load_signatures(self.settings.signatures, self.kb.taxonomy, self.low_util)
+
+    @cached_property
+    def close_calls(self) -> CloseCalls:
+        """The questions that decide between two easily confused causes."""
+        return load_close_calls(self.settings.close_calls, self.kb.taxonomy)
 
     @cached_property
     def low_util(self):
@@ -132,17 +142,56 @@ class SuggestionEngine:
                                    snapshot.priors["symptom"], "symptom", text_log_proba["symptom"])
         return cause_f, symptom_f
 
-    def fit_calibration(self, save: bool = True) -> Calibration:
-        """Fit the classifier weights leave-one-out over the labelled incidents (``Calibrator.fit``)."""
-        snapshot = self.snapshot()
-
+    def _left_out_features(self, snapshot: CorpusSnapshot):
+        """The pipeline's features for a labelled incident scored as an unseen ticket."""
         def left_out(incident: Incident, vector: np.ndarray, text: str, text_log_proba: dict[str, np.ndarray]):
             similar = self.retriever.retrieve_similar(text, k=self.settings.neighbours, query_vector=vector,
                                                       exclude={incident.id})
             return self._features(snapshot, text, vector, similar, find_evidence(text, self.signatures),
                                   text_log_proba)
 
-        self._calibration = self.calibrator.fit(snapshot.incidents, left_out, save)
+        return left_out
+
+    def fit_sets(self) -> Calibration:
+        """Calibrate the prediction sets on this knowledge base, keeping the classifier weights."""
+        snapshot = self.snapshot()
+        self._calibration = self.calibrator.fit_sets(snapshot.incidents, self._left_out_features(snapshot),
+                                                     self.calibration)
+        return self._calibration
+
+    def prediction_sets(self, causes: list[tuple[str, float]], symptoms: list[tuple[str, float]]) -> dict:
+        """The Suggestion fields of the prediction sets for full rankings (empty without calibration)."""
+        alpha, cal, tax = self.settings.set_alpha, self.calibration, self.kb.taxonomy
+        if cal.root_cause_set is None or cal.symptom_set is None:
+            return {}
+        p = dict(causes) | dict(symptoms)
+        cause_set = cal.root_cause_set.predict(causes, alpha)
+        return {"root_cause_set": [Candidate(id=c, confidence=round(p[c], 4), dimension=tax.dimension_of(c))
+                                   for c in cause_set],
+                "symptom_set": [Candidate(id=s, confidence=round(p[s], 4))
+                                for s in cal.symptom_set.predict(symptoms, alpha)],
+                "set_level": round(1 - alpha, 4), "close_call": self.close_call(causes, cause_set)}
+
+    def close_call(self, causes: list[tuple[str, float]], cause_set: list[str]) -> CloseCallQuestion | None:
+        """The question deciding between the top cause and the first other one that is a close
+        call: in the set and in another dimension, or within ``CLOSE_MARGIN`` of the top."""
+        tax = self.kb.taxonomy
+        (top, top_p), others = causes[0], causes[1:]
+        for other, p in others:
+            crosses = other in cause_set and tax.dimension_of(other) != tax.dimension_of(top)
+            if crosses or top_p - p <= CLOSE_MARGIN:
+                entry = self.close_calls.question_for(top, other)
+                if entry is not None:
+                    return CloseCallQuestion(causes=[top, other], question=entry.question,
+                                             answers={c: entry.answer_for(c) for c in (top, other)})
+            if top_p - p > CLOSE_MARGIN and other not in cause_set:
+                break
+        return None
+
+    def fit_calibration(self, save: bool = True) -> Calibration:
+        """Fit the classifier weights leave-one-out over the labelled incidents (``Calibrator.fit``)."""
+        snapshot = self.snapshot()
+        self._calibration = self.calibrator.fit(snapshot.incidents, self._left_out_features(snapshot), save)
         return self._calibration
 
     def prepare(self, ticket: Ticket | Incident) -> PreparedTicket:
@@ -245,7 +294,7 @@ class SuggestionEngine:
             root_cause_confidence=round(top_p, 4),
             root_cause_candidates=[Candidate(id=c, confidence=round(p, 4)) for c, p in causes[:5]],
             mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
-            mitigations=mitigations[:4], suspect=suspect, **decision,
+            mitigations=mitigations[:4], suspect=suspect, **decision, **self.prediction_sets(causes, symptoms),
             node_history=history,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace=self.describe())

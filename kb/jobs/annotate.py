@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from kb.core.roles import Suggester
-from kb.core.suggestion import EmptyTicket, Suggestion, Ticket
+from kb.core.suggestion import EmptyTicket, Suggestion, Ticket, labelling
 
 
 def annotation_record(s: Suggestion) -> dict:
@@ -20,6 +20,9 @@ def annotation_record(s: Suggestion) -> dict:
         "root_cause_dimension": s.root_cause_dimension,
         "root_cause_confidence": s.root_cause_confidence,
         "root_cause_candidates": [c.model_dump() for c in s.root_cause_candidates],
+        "root_cause_set": [c.model_dump() for c in s.root_cause_set],
+        "set_level": s.set_level,
+        "labelling": labelling(s),
         "mitigation": s.mitigation,
         "mitigations": [m.model_dump() for m in s.mitigations],
         "similar_incidents": [{"id": h.id, "title": h.title, "score": h.score, "root_cause": h.root_cause}

@@ -38,6 +38,7 @@ class ReportFigures:
 
     total: int = 0
     abstained: int = 0
+    set_sizes: Counter = field(default_factory=Counter)  # "1", "2", "3+" causes in the prediction set
     retry_safe: int = 0
     without_precedent: int = 0  # no past incident scored CLUSTER_MIN_SCORE or more
     symptoms: Counter = field(default_factory=Counter)
@@ -76,6 +77,9 @@ def summarise(records: Iterable[dict], taxonomy: Taxonomy, min_score: float = CL
         else:
             figures.confident_dimensions[record["root_cause_dimension"]] += 1
         figures.retry_safe += bool(record["retry_safe"])
+        size = len(record.get("root_cause_set") or [])
+        if size:
+            figures.set_sizes["1" if size == 1 else "2" if size == 2 else "3+"] += 1
         slot = min(int(record["root_cause_confidence"] * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
         figures.confidence_bins[slot] += 1
         similar = record.get("similar_incidents") or []
@@ -113,6 +117,9 @@ def render_markdown(figures: ReportFigures, taxonomy: Taxonomy, images: dict[str
     lines += ["", "| figure | tickets | share |", "|---|---:|---:|",
               f"| annotated | {f.total} | 100% |",
               f"| abstained (not sure: no label applied) | {f.abstained} | {_pct(f.share(f.abstained))} |",
+              *(f"| prediction set of {name} | {f.set_sizes[key]} | {_pct(f.share(f.set_sizes[key]))} |"
+                for key, name in (("1", "one cause (labelled)"), ("2", "two causes"), ("3+", "three or more causes"))
+                if f.set_sizes),
               f"| retry-safe (automatic resubmission excluding the suspect node would have handled it) "
               f"| {f.retry_safe} | {_pct(f.share(f.retry_safe))} |",
               f"| without a close past incident (best match below {CLUSTER_MIN_SCORE}) "

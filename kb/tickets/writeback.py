@@ -24,7 +24,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.core.settings import Settings
-from kb.core.suggestion import Suggestion
+from kb.core.suggestion import CAUSE_LABEL, DIMENSION_LABEL, Suggestion, labelling
 from kb.tickets.api import TicketRef, TicketSystem, WriteBackError, ticket_api
 from kb.tickets.outbox import OutboxTicketSystem
 
@@ -46,10 +46,16 @@ _ADDED_LINE = re.compile(r"^(?:<!-- |\{\{)pmkb:added((?: (?:rc|dim|symptom):[A-Z
 
 
 def suggestion_labels(s: Suggestion) -> list[str]:
-    """Labels for a confident suggestion (none when it abstained)."""
-    if s.abstained:
-        return []
-    return [f"rc:{s.root_cause}", f"dim:{s.root_cause_dimension}", f"symptom:{s.symptom}"]
+    """The labels the suggestion is sure of (``labelling``): cause, dimension and symptom when its
+    prediction set holds one cause; the dimension (and the symptom when its set holds one) when the
+    set's causes share a dimension; none otherwise."""
+    kind = labelling(s)
+    symptom = [f"symptom:{s.symptom}"] if len(s.symptom_set) <= 1 else []
+    if kind == CAUSE_LABEL:
+        return [f"rc:{s.root_cause}", f"dim:{s.root_cause_dimension}", f"symptom:{s.symptom}"]
+    if kind == DIMENSION_LABEL:
+        return [f"dim:{s.root_cause_set[0].dimension}", *symptom]
+    return []
 
 
 def _clean(text: str, system: str, width: int = 200) -> str:
@@ -86,6 +92,14 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
         others = ", ".join(f"{code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
         if others:
             lines.append(f"Next candidates: {others}")
+    if len(s.root_cause_set) > 1:
+        lines.append(f"{bold(f'One of these {len(s.root_cause_set)} causes ({s.set_level:.0%}):')} "
+                     + ", ".join(f"{code(m.id)} ({m.dimension})" for m in s.root_cause_set))
+    if s.close_call:
+        first, second = s.close_call.causes
+        lines.append(f"{bold('To decide:')} {_clean(s.close_call.question, system, 400)} "
+                     f"{code(first)}: {_clean(s.close_call.answers[first], system, 300)} "
+                     f"{code(second)}: {_clean(s.close_call.answers[second], system, 300)}")
     suspect = ", ".join(f"{k} {_clean(v, system, 60)}" for k, v in (s.suspect or {}).items())
     lines.append(f"{bold('Symptom:')} {code(s.symptom)} {s.symptom_confidence:.0%}. "
                  f"{bold('Retry safe:')} {'yes' if s.retry_safe else 'no'}"
@@ -115,7 +129,10 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
         lines += ["", bold("Low GPU utilisation checks")]
         lines += [f"{bullet} {h.name}: {_clean(h.fix, system, 300)}" for h in s.low_gpu_utilisation]
     footer = [s.trace.get("engine", "pmkb"), "this comment is updated when the ticket changes"]
-    if threshold_note:
+    if threshold_note and s.root_cause_set:
+        footer.append(f"labels follow the {s.set_level:.0%} prediction set: the cause when it holds one cause, "
+                      "the dimension when its causes share one, none otherwise")
+    elif threshold_note:
         footer.append("labels are applied only when the top root cause reaches the confidence threshold; "
                       "below it pmkb lists candidates instead")
     lines += ["", f"<sub>{'; '.join(footer)}.</sub>" if gh else "_" + "; ".join(footer) + "._"]

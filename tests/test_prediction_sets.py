@@ -1,0 +1,131 @@
+"""Prediction sets where people decide: the engine's sets, the labelling rule, the close-call
+question, the bot's labels and comment, the evaluation's and the backfill report's figures."""
+
+import pytest
+from test_writeback import make_suggestion
+
+from kb.core.suggestion import (
+    CAUSE_LABEL,
+    COMMENT_ONLY,
+    DIMENSION_LABEL,
+    Candidate,
+    CloseCallQuestion,
+    Ticket,
+    labelling,
+)
+from kb.engine.suggest import SuggestionEngine
+from kb.jobs.evaluate import Case, set_figures
+from kb.jobs.report import summarise
+from kb.tickets.writeback import render_comment, suggestion_labels
+
+XID_79 = Ticket(title="GPU has fallen off the bus on gpu-a-17",
+                description="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus. Job died.")
+VAGUE = Ticket(title="Training job failed overnight",
+               description="My distributed training run failed overnight with an error after a few hours, "
+                           "it worked last week with the same code and config on the shared partition.")
+
+
+def _set(*members: tuple[str, str]) -> list[Candidate]:
+    return [Candidate(id=c, confidence=round(0.5 / (n + 1), 3), dimension=d) for n, (c, d) in enumerate(members)]
+
+
+@pytest.fixture(scope="module")
+def engine(shared_bundled_kb):
+    return SuggestionEngine(shared_bundled_kb)
+
+
+def test_every_suggestion_carries_sets_at_the_configured_level(engine):
+    s = engine.suggest(XID_79)
+    assert s.set_level == pytest.approx(1 - engine.settings.set_alpha)
+    assert s.root_cause_set[0].id == s.root_cause and s.symptom_set[0].id == s.symptom
+    tax = engine.kb.taxonomy
+    assert all(m.dimension == tax.dimension_of(m.id) for m in s.root_cause_set)
+    assert [m.id for m in s.root_cause_set] == [c.id for c in s.root_cause_candidates][:len(s.root_cause_set)] \
+        or len(s.root_cause_set) > len(s.root_cause_candidates)
+
+
+def test_a_vague_ticket_gets_a_wider_set_than_a_clear_one(engine):
+    clear, vague = engine.suggest(XID_79), engine.suggest(VAGUE)
+    assert len(clear.root_cause_set) < len(vague.root_cause_set)
+
+
+def test_a_lower_alpha_never_gives_a_smaller_set(engine, monkeypatch):
+    wide = engine.suggest(VAGUE)
+    monkeypatch.setattr(engine.settings, "set_alpha", 0.3)
+    narrow = engine.suggest(VAGUE)
+    assert len(narrow.root_cause_set) <= len(wide.root_cause_set) and narrow.set_level == 0.7
+
+
+def test_the_close_call_question_decides_between_the_top_cause_and_another_dimension(engine):
+    ranking = [("platform_misconfiguration", 0.41), ("improper_configuration", 0.33), ("buggy_code", 0.1)]
+    call = engine.close_call(ranking, ["platform_misconfiguration", "improper_configuration", "buggy_code"])
+    assert call is not None and call.causes == ["platform_misconfiguration", "improper_configuration"]
+    assert call.question.endswith("?") and set(call.answers) == set(call.causes)
+    assert engine.close_call([("gpu_lost", 0.95), ("node_outage", 0.03)], ["gpu_lost"]) is None  # no close call
+
+
+@pytest.mark.parametrize("members, kind", [
+    ([("gpu_lost", "hardware")], CAUSE_LABEL),
+    ([("gpu_lost", "hardware"), ("node_outage", "hardware")], DIMENSION_LABEL),
+    ([("platform_misconfiguration", "platform"), ("improper_configuration", "user")], COMMENT_ONLY),
+])
+def test_the_bot_labels_what_the_set_allows(members, kind):
+    s = make_suggestion(root_cause=members[0][0], dimension=members[0][1], root_cause_set=_set(*members),
+                        set_level=0.9)
+    assert labelling(s) == kind
+    labels = suggestion_labels(s)
+    expected = {CAUSE_LABEL: [f"rc:{members[0][0]}", f"dim:{members[0][1]}", "symptom:job_crash"],
+                DIMENSION_LABEL: [f"dim:{members[0][1]}", "symptom:job_crash"], COMMENT_ONLY: []}[kind]
+    assert labels == expected
+
+
+def test_a_ticket_that_says_too_little_is_never_labelled_even_with_a_set_of_one():
+    s = make_suggestion(abstained=True, abstain_reason="too_little_text", root_cause_set=_set(("gpu_lost", "hardware")))
+    assert labelling(s) == COMMENT_ONLY and suggestion_labels(s) == []
+
+
+def test_the_comment_lists_the_set_and_the_question():
+    call = CloseCallQuestion(causes=["platform_misconfiguration", "improper_configuration"],
+                             question="Does every job on the partition fail, or only this user's?",
+                             answers={"platform_misconfiguration": "every job", "improper_configuration": "only theirs"})
+    s = make_suggestion(root_cause="platform_misconfiguration", dimension="platform", set_level=0.9, close_call=call,
+                        root_cause_set=_set(("platform_misconfiguration", "platform"), ("improper_configuration", "user")))
+    body = render_comment(s, threshold_note=True)
+    assert "One of these 2 causes (90%):** `platform_misconfiguration` (platform), `improper_configuration` (user)" in body
+    assert "**To decide:** Does every job on the partition fail, or only this user's?" in body
+    assert "labels follow the 90% prediction set" in body and "**Labels:** none" in body
+
+
+def _case(truth: str, dimension: str) -> Case:
+    return Case(Ticket(title="t"), truth, dimension, "job_crash", None, [], {})
+
+
+def test_set_figures_count_coverage_sizes_and_the_bots_precision():
+    cases = [_case("gpu_lost", "hardware"), _case("node_outage", "hardware"), _case("buggy_code", "user"),
+             _case("service_outage", "platform")]
+    preds = [
+        make_suggestion(root_cause="gpu_lost", root_cause_set=_set(("gpu_lost", "hardware")), set_level=0.9),
+        make_suggestion(root_cause="gpu_lost", root_cause_set=_set(("gpu_lost", "hardware")), set_level=0.9),
+        make_suggestion(root_cause="gpu_lost", set_level=0.9,
+                        root_cause_set=_set(("gpu_lost", "hardware"), ("node_outage", "hardware"))),
+        make_suggestion(root_cause="resource_overload", dimension="platform", set_level=0.9,
+                        root_cause_set=_set(("resource_overload", "platform"), ("service_outage", "platform"),
+                                            ("buggy_code", "user"))),
+    ]
+    figures = set_figures(cases, preds)
+    assert figures["coverage"] == 0.5 and figures["mean_size"] == 1.75 and figures["singletons"] == 0.5
+    assert figures["singleton_precision"] == 0.5
+    assert figures["coverage_by_dimension"] == {"hardware": 0.5, "platform": 1.0, "user": 0.0}
+    assert figures["bot"][CAUSE_LABEL] == {"share": 0.5, "precision": 0.5}
+    assert figures["bot"][DIMENSION_LABEL] == {"share": 0.25, "precision": 0.0}
+    assert figures["bot"][COMMENT_ONLY]["share"] == 0.25
+
+
+def test_the_backfill_report_counts_set_sizes(engine):
+    from kb.jobs.annotate import annotation_record
+
+    records = [annotation_record(engine.suggest(t)) for t in (XID_79, VAGUE)]
+    figures = summarise(records, engine.kb.taxonomy)
+    sizes = [len(r["root_cause_set"]) for r in records]
+    assert sum(figures.set_sizes.values()) == 2
+    assert figures.set_sizes["1"] == sizes.count(1) and figures.set_sizes["3+"] == sum(n > 2 for n in sizes)
