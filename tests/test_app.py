@@ -263,3 +263,20 @@ def test_the_threshold_is_applied_to_what_is_shown(reference):
     vague = reference.suggest(Ticket(title="Job failed"))
     assert vague.abstain_reason == "too_little_text"
     assert apply_threshold(vague, 0.0, taxonomy).abstained  # no threshold makes a vague ticket labelled
+
+
+PERMISSION_TICKET = {"title": "Job fails with permission denied on /shared/datasets",
+                     "description": "My job fails reading /shared/datasets/imagenet: PermissionError: [Errno 13] "
+                                    "Permission denied. It worked yesterday. Other users in my team see the same."}
+
+
+def test_a_close_call_shows_its_set_and_the_question_that_decides(app_home, reference):
+    expected = reference.suggest(Ticket(**PERMISSION_TICKET))
+    assert len(expected.root_cause_set) >= 2 and expected.close_call is not None
+    at = submit(open_app(), PERMISSION_TICKET)
+    text = markdown(at)
+    assert f"One of these {len(expected.root_cause_set)} causes (90%)" in text
+    assert all(escape_markdown(reference.kb.taxonomy.root_cause(m.id).name) in text for m in expected.root_cause_set)
+    assert "Next candidates" not in text  # the set shows them
+    decide = "\n".join(i.value for i in at.info)
+    assert "To decide" in decide and escape_markdown(expected.close_call.question) in decide

@@ -13,6 +13,7 @@ from kb.core.suggestion import (
     Ticket,
     labelling,
 )
+from kb.engine.sets import close_call
 from kb.engine.suggest import SuggestionEngine
 from kb.jobs.evaluate import Case, set_figures
 from kb.jobs.report import summarise
@@ -58,10 +59,11 @@ def test_a_lower_alpha_never_gives_a_smaller_set(engine, monkeypatch):
 
 def test_the_close_call_question_decides_between_the_top_cause_and_another_dimension(engine):
     ranking = [("platform_misconfiguration", 0.41), ("improper_configuration", 0.33), ("buggy_code", 0.1)]
-    call = engine.close_call(ranking, ["platform_misconfiguration", "improper_configuration", "buggy_code"])
+    tax, calls = engine.kb.taxonomy, engine.close_calls
+    call = close_call(tax, calls, ranking, ["platform_misconfiguration", "improper_configuration", "buggy_code"])
     assert call is not None and call.causes == ["platform_misconfiguration", "improper_configuration"]
     assert call.question.endswith("?") and set(call.answers) == set(call.causes)
-    assert engine.close_call([("gpu_lost", 0.95), ("node_outage", 0.03)], ["gpu_lost"]) is None  # no close call
+    assert close_call(tax, calls, [("gpu_lost", 0.95), ("node_outage", 0.03)], ["gpu_lost"]) is None  # not close
 
 
 @pytest.mark.parametrize("members, kind", [
@@ -129,3 +131,15 @@ def test_the_backfill_report_counts_set_sizes(engine):
     sizes = [len(r["root_cause_set"]) for r in records]
     assert sum(figures.set_sizes.values()) == 2
     assert figures.set_sizes["1"] == sizes.count(1) and figures.set_sizes["3+"] == sum(n > 2 for n in sizes)
+
+
+def test_a_close_calls_file_that_does_not_fit_the_taxonomy_turns_the_questions_off(shared_bundled_kb, tmp_path,
+                                                                                   caplog):
+    foreign = tmp_path / "close_calls.yaml"
+    foreign.write_text('- causes: [rc00, rc01]\n  question: "Is it?"\n  answers: {rc00: "yes", rc01: "no"}\n')
+    engine = SuggestionEngine(shared_bundled_kb)
+    engine.settings = engine.settings.model_copy(update={"close_calls": foreign})
+    with caplog.at_level("WARNING"):
+        assert len(engine.close_calls) == 0
+    assert "close-call questions are off" in caplog.text and "PMKB_CLOSE_CALLS" in caplog.text
+    assert engine.suggest(XID_79).close_call is None

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import yaml
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, field_validator, model_validator
 
-from kb.core.taxonomy import Taxonomy
+from kb.core.taxonomy import Taxonomy, read_yaml
 
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 """A non-empty string (surrounding whitespace dropped)."""
@@ -105,15 +104,7 @@ def load_close_calls(path: Path | str, taxonomy: Taxonomy) -> CloseCalls:
 
 
 def _read_list(path: Path) -> list:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise CloseCallsError(f"{path}: file not found (set PMKB_CLOSE_CALLS)") from exc
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise CloseCallsError(f"{path}: not valid UTF-8 YAML: {exc}") from exc
-    if not isinstance(raw, list):
-        raise CloseCallsError(f"{path}: expected a list of entries (causes, question, answers) at the top level")
-    return raw
+    return read_yaml(path, list, "a list of entries (causes, question, answers)", CloseCallsError, "PMKB_CLOSE_CALLS")
 
 
 def _describe(exc: ValidationError) -> str:

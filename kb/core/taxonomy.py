@@ -227,15 +227,18 @@ def _index(items, item_id, kind):
     raise KeyError(f"unknown {kind} {item_id!r}; known: {', '.join(i.id for i in items)}")
 
 
-def _read_yaml(path: Path) -> dict:
+def read_yaml(path: Path, expected: type = dict, shape: str = "a mapping", error: type[Exception] = TaxonomyError,
+              setting: str = "PMKB_TAXONOMY or --taxonomy"):
+    """A data file's top-level YAML value, which must be an ``expected`` (``shape`` in the message);
+    ``error`` names the file and what is wrong, and for a missing file the ``setting`` that points to it."""
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise TaxonomyError(f"{path}: file not found (set PMKB_TAXONOMY or --taxonomy)") from exc
+        raise error(f"{path}: file not found (set {setting})") from exc
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise TaxonomyError(f"{path}: not valid UTF-8 YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise TaxonomyError(f"{path}: expected a mapping at the top level")
+        raise error(f"{path}: not valid UTF-8 YAML: {exc}") from exc
+    if not isinstance(raw, expected):
+        raise error(f"{path}: expected {shape} at the top level")
     return raw
 
 
@@ -308,7 +311,7 @@ def load_taxonomy(path: Path | str) -> Taxonomy:
 
     A file that flags no entry for a feature loads, with a warning naming the feature it turns off.
     """
-    tax = parse_taxonomy(_read_yaml(Path(path)), path)
+    tax = parse_taxonomy(read_yaml(Path(path)), path)
     for message in tax.missing_features():
         log.warning("%s: %s", path, message)
     return tax
@@ -317,7 +320,7 @@ def load_taxonomy(path: Path | str) -> Taxonomy:
 @lru_cache(maxsize=8)
 def load_low_util_taxonomy(path: Path | str) -> LowUtilTaxonomy:
     """Load and validate the low-GPU-utilisation taxonomy file."""
-    raw = _read_yaml(Path(path))
+    raw = read_yaml(Path(path))
     try:
         tax = LowUtilTaxonomy.model_validate(raw)
     except ValidationError as exc:

@@ -11,13 +11,12 @@ import numpy as np
 
 from kb import __version__
 from kb.core.abstain import label_decision, says_too_little
-from kb.core.close_calls import CloseCalls, load_close_calls
+from kb.core.close_calls import CloseCalls, CloseCallsError, load_close_calls
 from kb.core.incidents import Incident, trim_middle
 from kb.core.redact import redact
 from kb.core.roles import Retriever
 from kb.core.suggestion import (
     Candidate,
-    CloseCallQuestion,
     EmptyTicket,
     Evidence,
     NodeHistory,
@@ -35,12 +34,11 @@ from kb.engine.history import node_history
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import low_utilisation_hints, rank_mitigations, wants_low_utilisation_hints
 from kb.engine.search import VotingRetriever
+from kb.engine.sets import prediction_sets
 from kb.engine.snapshot import CorpusSnapshot, Snapshots
 
 log = logging.getLogger(__name__)
 
-CLOSE_MARGIN = 0.15
-"""Two causes whose probabilities are this close are a close call, whatever their dimensions."""
 
 MAX_TICKET_CHARS = 12_000
 """Ticket text beyond this is trimmed in the middle for embedding (evidence is found on all of it)."""
@@ -81,8 +79,14 @@ class SuggestionEngine:
 
     @cached_property
     def close_calls(self) -> CloseCalls:
-        """The questions that decide between two easily confused causes."""
-        return load_close_calls(self.settings.close_calls, self.kb.taxonomy)
+        """The questions that decide between two easily confused causes; none (said in the log)
+        when the file does not fit the taxonomy, e.g. the bundled file under a team's own taxonomy."""
+        try:
+            return load_close_calls(self.settings.close_calls, self.kb.taxonomy)
+        except CloseCallsError as exc:
+            log.warning("close-call questions are off: %s. Point PMKB_CLOSE_CALLS at a file written for "
+                        "this taxonomy (data/close_calls.yaml shows the format)", exc)
+            return CloseCalls(entries=[])
 
     @cached_property
     def low_util(self):
@@ -158,35 +162,6 @@ class SuggestionEngine:
         self._calibration = self.calibrator.fit_sets(snapshot.incidents, self._left_out_features(snapshot),
                                                      self.calibration)
         return self._calibration
-
-    def prediction_sets(self, causes: list[tuple[str, float]], symptoms: list[tuple[str, float]]) -> dict:
-        """The Suggestion fields of the prediction sets for full rankings (empty without calibration)."""
-        alpha, cal, tax = self.settings.set_alpha, self.calibration, self.kb.taxonomy
-        if cal.root_cause_set is None or cal.symptom_set is None:
-            return {}
-        p = dict(causes) | dict(symptoms)
-        cause_set = cal.root_cause_set.predict(causes, alpha)
-        return {"root_cause_set": [Candidate(id=c, confidence=round(p[c], 4), dimension=tax.dimension_of(c))
-                                   for c in cause_set],
-                "symptom_set": [Candidate(id=s, confidence=round(p[s], 4))
-                                for s in cal.symptom_set.predict(symptoms, alpha)],
-                "set_level": round(1 - alpha, 4), "close_call": self.close_call(causes, cause_set)}
-
-    def close_call(self, causes: list[tuple[str, float]], cause_set: list[str]) -> CloseCallQuestion | None:
-        """The question deciding between the top cause and the first other one that is a close
-        call: in the set and in another dimension, or within ``CLOSE_MARGIN`` of the top."""
-        tax = self.kb.taxonomy
-        (top, top_p), others = causes[0], causes[1:]
-        for other, p in others:
-            crosses = other in cause_set and tax.dimension_of(other) != tax.dimension_of(top)
-            if crosses or top_p - p <= CLOSE_MARGIN:
-                entry = self.close_calls.question_for(top, other)
-                if entry is not None:
-                    return CloseCallQuestion(causes=[top, other], question=entry.question,
-                                             answers={c: entry.answer_for(c) for c in (top, other)})
-            if top_p - p > CLOSE_MARGIN and other not in cause_set:
-                break
-        return None
 
     def fit_calibration(self, save: bool = True) -> Calibration:
         """Fit the classifier weights leave-one-out over the labelled incidents (``Calibrator.fit``)."""
@@ -285,6 +260,7 @@ class SuggestionEngine:
                    if suspect and suspect.get("node") else None)
         low_util = (low_utilisation_hints(self.low_util, evidence, text)
                     if wants_low_utilisation_hints(tax, symptoms[0][0], evidence) else [])
+        sets = prediction_sets(self.calibration, tax, self.close_calls, self.settings.set_alpha, causes, symptoms)
         decision = label_decision(top_p, cause.retry_safe, self.settings.abstain_threshold,
                                   says_too_little(text, bool(evidence), self.settings.min_ticket_words))
         suggestion = Suggestion(
@@ -294,7 +270,7 @@ class SuggestionEngine:
             root_cause_confidence=round(top_p, 4),
             root_cause_candidates=[Candidate(id=c, confidence=round(p, 4)) for c, p in causes[:5]],
             mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
-            mitigations=mitigations[:4], suspect=suspect, **decision, **self.prediction_sets(causes, symptoms),
+            mitigations=mitigations[:4], suspect=suspect, **decision, **sets,
             node_history=history,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace=self.describe())
