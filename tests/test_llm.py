@@ -340,7 +340,8 @@ def test_openai_backend_against_llama_cpp_server(_built_kb_dir, engine, llama_se
 
 
 def test_llamacpp_runs_on_the_configured_threads(tmp_path, monkeypatch):
-    """llama-cpp-python's own default is half the cores for generation; pmkb sets both counts."""
+    """llama-cpp-python's own default is half the cores for generation; pmkb sets both counts:
+    prompt evaluation on every core, generation on every core but one, unless set."""
     import os
 
     llama_cpp = pytest.importorskip("llama_cpp")
@@ -356,10 +357,13 @@ def test_llamacpp_runs_on_the_configured_threads(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF")
     every = LlamaCppGenerator(Settings(home=tmp_path, llm="llamacpp", llm_model=str(gguf)))
     every.llama
-    three = LlamaCppGenerator(Settings(home=tmp_path, llm="llamacpp", llm_model=str(gguf), llm_threads=3))
+    three = LlamaCppGenerator(Settings(home=tmp_path, llm="llamacpp", llm_model=str(gguf), llm_threads=3,
+                                       llm_batch_threads=5))
     three.llama
-    assert [(m["n_threads"], m["n_threads_batch"]) for m in made] == [(os.cpu_count(), os.cpu_count()), (3, 3)]
-    assert every.describe()["threads"] == os.cpu_count() and three.describe()["threads"] == 3
+    cores = os.cpu_count()
+    assert [(m["n_threads"], m["n_threads_batch"]) for m in made] == [(max(1, cores - 1), cores), (3, 5)]
+    assert every.describe()["threads"] == max(1, cores - 1) and every.describe()["batch_threads"] == cores
+    assert three.describe()["threads"] == 3 and three.describe()["batch_threads"] == 5
 
 
 # --- the suggester as a Suggester: refine, the explanation's length, prose held to the card ---

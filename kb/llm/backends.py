@@ -96,8 +96,10 @@ class LlamaCppGenerator(Generator):
         self._llama = None
         self._lock = threading.Lock()  # a Llama context serves one request at a time
         self.gpu_layers = 0
-        # llama-cpp-python's own default is half the cores for generation: set both counts.
-        self.threads = settings.llm_threads or os.cpu_count() or 1
+        # llama-cpp-python's own default is half the cores for generation: pmkb sets both counts.
+        cores = os.cpu_count() or 1
+        self.threads = settings.llm_threads or max(1, cores - 1)
+        self.batch_threads = settings.llm_batch_threads or cores
 
     @property
     def model_id(self) -> str:
@@ -107,7 +109,8 @@ class LlamaCppGenerator(Generator):
     def describe(self) -> dict:
         """Settings including GPU offload (0 layers when llama.cpp was built without a GPU backend) and
         the CPU threads it runs on."""
-        return {**super().describe(), "gpu_layers": self.gpu_layers, "threads": self.threads}
+        return {**super().describe(), "gpu_layers": self.gpu_layers, "threads": self.threads,
+                "batch_threads": self.batch_threads}
 
     @property
     def llama(self):
@@ -121,7 +124,7 @@ class LlamaCppGenerator(Generator):
             try:
                 self._llama = llama_cpp.Llama(model_path=str(self.path), n_ctx=self.context,
                                               n_gpu_layers=self.gpu_layers, n_threads=self.threads,
-                                              n_threads_batch=self.threads, seed=0, verbose=False)
+                                              n_threads_batch=self.batch_threads, seed=0, verbose=False)
             except (ValueError, RuntimeError) as exc:
                 raise LLMUnavailable(f"llama.cpp cannot load {self.path}: {exc}") from exc
         return self._llama
@@ -282,7 +285,7 @@ _SHARED_LOCK = threading.Lock()
 def shared_generator(settings: Settings) -> Generator | None:
     """One generator per backend configuration and process, so a GGUF is loaded once."""
     key = (settings.llm, settings.llm_model, settings.llm_base_url, settings.llm_gpu_layers,
-           settings.llm_context, settings.llm_timeout, settings.llm_threads)
+           settings.llm_context, settings.llm_timeout, settings.llm_threads, settings.llm_batch_threads)
     with _SHARED_LOCK:
         if key not in _SHARED:
             _SHARED[key] = make_generator(settings)
