@@ -268,12 +268,20 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
     app.state.service = svc
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes, read_timeout=settings.request_read_timeout,
                        on_reject=lambda path, outcome: svc.metrics.received.labels(_source(path), outcome).inc())
-    bearer = HTTPBearer(auto_error=False)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         status = 400 if any(e.get("type") == "json_invalid" for e in exc.errors()) else 422
         return JSONResponse({"detail": jsonable_errors(exc)}, status_code=status)
+
+    _webhook_routes(app, svc, settings, insecure_dev)
+    _annotate_route(app, svc, settings, insecure_dev)
+    _probe_routes(app, svc, settings)
+    return app
+
+
+def _webhook_routes(app: FastAPI, svc: Service, settings: Settings, insecure_dev: bool) -> None:
+    """POST /webhooks/github and /webhooks/jira: verify, rate-limit, parse, queue, 202."""
 
     async def receive(source: str, request: Request, secret, authentic, refusal: str) -> dict | JSONResponse:
         """The verified, rate-limited JSON body of a webhook, or the response refusing it.
@@ -344,6 +352,11 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
                     or hashlib.sha256(await request.body()).hexdigest())
         return await queue_event("jira", delivery, lambda: jira_event(payload))
 
+
+def _annotate_route(app: FastAPI, svc: Service, settings: Settings, insecure_dev: bool) -> None:
+    """POST /v1/annotate: one suggestion, synchronously, behind a bearer token."""
+    bearer = HTTPBearer(auto_error=False)
+
     @app.post("/v1/annotate", response_model=Suggestion, summary="Suggest for one ticket, synchronously",
               responses=error_responses(400, 401, 404, 408, 413, 422, 429, 503))
     def annotate(req: AnnotateRequest, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
@@ -366,6 +379,10 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
         svc.metrics.received.labels("api", "answered").inc()
         return result
 
+
+def _probe_routes(app: FastAPI, svc: Service, settings: Settings) -> None:
+    """GET /healthz, /readyz and /metrics."""
+
     @app.get("/healthz", summary="The process is up")
     def healthz():
         return {"status": "ok"}
@@ -384,8 +401,6 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
     @app.get("/metrics", summary="Prometheus metrics")
     def metrics():
         return Response(svc.metrics.render(svc.queue.counts()), media_type=svc.metrics.content_type)
-
-    return app
 
 
 def _source(path: str) -> str:

@@ -323,18 +323,12 @@ class Backfill:
 
     def _write_back_ticket(self, record: _Record) -> dict:
         """Post to GitHub or Jira through the webhook bot's write-back (retrying transient errors)."""
-        from kb.tickets.writeback import TicketRef, WriteBackError, write_back
+        from kb.tickets.writeback import TicketRef, write_back_retrying
 
         ref = TicketRef(system=self.options.write_back, key=record.incident.id)
-        for attempt in range(3):
-            try:
-                done = write_back(self.engine.settings, ref, record.suggestion, outbox=self.options.outbox)
-                self.result.written_back += 1
-                return done
-            except WriteBackError as exc:
-                if not exc.retryable or attempt == 2:
-                    raise
-                time.sleep(2 ** attempt)
+        done = write_back_retrying(self.engine.settings, ref, record.suggestion, outbox=self.options.outbox)
+        self.result.written_back += 1
+        return done
 
     def _write_back_kb(self, records: list[_Record], fail) -> list[_Record]:
         """Add confident suggestions to the knowledge base as machine-suggested incidents.
