@@ -38,11 +38,6 @@ IDEOGRAPHS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]
 _WORD = re.compile(r"\w[\w.\-]*\w")
 
 
-def tokens(text: str) -> list[str]:
-    """Every token of the text, lower-cased, stop words included."""
-    return _TOKEN.findall(text.lower())
-
-
 def tokenize(text: str) -> list[str]:
     """The tokens of the text without stop words."""
     return [t for t in _TOKEN.findall(text.lower()) if t not in STOP_WORDS]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 PENALTY = 0.02
 """Score added per rank beyond ``FREE_RANKS``."""
@@ -69,10 +69,14 @@ class SetCalibration(BaseModel):
     weights: list[float]  # how much each incident counts
     penalty: float = PENALTY
     free_ranks: int = FREE_RANKS
+    _thresholds: dict[float, float] = PrivateAttr(default_factory=dict)
 
     def threshold(self, alpha: float) -> float:
-        """The score threshold of sets at level 1 - alpha."""
-        return conformal_quantile(np.array(self.scores), np.array(self.weights), alpha)
+        """The score threshold of sets at level 1 - alpha (computed once per alpha: every
+        suggestion asks for it)."""
+        if alpha not in self._thresholds:
+            self._thresholds[alpha] = conformal_quantile(np.array(self.scores), np.array(self.weights), alpha)
+        return self._thresholds[alpha]
 
     def predict(self, ranked: list[tuple[str, float]], alpha: float) -> list[str]:
         """The prediction set of a ranking at level 1 - alpha."""

@@ -12,6 +12,7 @@ previous classifiers, and the request that noticed the change is not held up.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import Counter
@@ -51,18 +52,6 @@ class CorpusSnapshot:
     """The node index (all incidents, labelled or not), computed on first use: most tickets name no node."""
 
 
-def _lazy(compute: Callable[[], dict]) -> Callable[[], dict]:
-    """``compute()`` run once, on the first call (a race computes it twice; both results are equal)."""
-    done: list[dict] = []
-
-    def value() -> dict:
-        if not done:
-            done.append(compute())
-        return done[0]
-
-    return value
-
-
 class Snapshots:
     """The current snapshot of a retriever's incidents, rebuilt when the retriever reloads.
 
@@ -79,6 +68,7 @@ class Snapshots:
         self._current: CorpusSnapshot | None = None
         self._lock = threading.Lock()
         self._refitting: str | None = None  # fingerprint being fitted in the background
+        self._refit_thread: threading.Thread | None = None
 
     def current(self) -> CorpusSnapshot:
         """The snapshot of the retriever's corpus as it is now (built on a change, once)."""
@@ -99,8 +89,8 @@ class Snapshots:
         if previous is not None and previous.fingerprint == fingerprint:
             classifiers = previous.classifiers
         elif previous is not None and self.refit_in_background:
+            self._refit_later(voters, fingerprint)
             classifiers, fingerprint = previous.classifiers, previous.fingerprint
-            self._refit_later(voters, self.calibrator.fingerprint(voters))
         else:
             classifiers = self.calibrator.text_classifiers(voters, fingerprint)
         return CorpusSnapshot(
@@ -108,7 +98,7 @@ class Snapshots:
             priors={"root_cause": label_priors(voters, "root_cause", tax.cause_ids),
                     "symptom": label_priors(voters, "symptom", tax.symptom_ids)},
             mitigations=cause_mitigations(tax, voters),
-            nodes=_lazy(lambda: node_index(self.kb.store.incidents())))
+            nodes=functools.cache(lambda: node_index(self.kb.store.incidents())))
 
     def _refit_later(self, voters: list[Incident], fingerprint: str) -> None:
         """Fit classifiers for ``fingerprint`` in a thread, then swap them into the then-current
@@ -127,14 +117,14 @@ class Snapshots:
                 self._refitting = None
             with self._lock:
                 snapshot = self._current
-                if snapshot is not None and self.calibrator.fingerprint(snapshot.incidents) == fingerprint:
+                if snapshot is not None and snapshot.incidents is voters:  # no newer change since
                     self._current = replace(snapshot, classifiers=classifiers, fingerprint=fingerprint)
             log.info("text classifiers refitted on %d incidents", len(self._current.incidents))
 
-        threading.Thread(target=refit, name="pmkb-refit", daemon=True).start()
+        self._refit_thread = threading.Thread(target=refit, name="pmkb-refit", daemon=True)
+        self._refit_thread.start()
 
     def wait_for_refit(self, timeout: float = 300.0) -> None:
         """Block until a background refit (if any) is done; for tests and orderly shutdown."""
-        for thread in threading.enumerate():
-            if thread.name == "pmkb-refit":
-                thread.join(timeout)
+        if self._refit_thread is not None:
+            self._refit_thread.join(timeout)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kb.core.abstain import TOO_LITTLE_TEXT, abstain_reason
+from kb.core.abstain import TOO_LITTLE_TEXT, label_decision
 from kb.core.incidents import Incident
 from kb.core.redact import redact
 from kb.core.roles import Suggester
@@ -343,8 +343,8 @@ class LLMSuggester:
         """Fields that follow the root cause: name, dimension, confidence, abstention, mitigations."""
         cause = self.engine.kb.taxonomy.root_cause(cause_id)
         p = next(c.confidence for c in base.root_cause_candidates if c.id == cause_id)
-        reason = abstain_reason(p, self.settings.abstain_threshold, base.abstain_reason == TOO_LITTLE_TEXT)
-        abstained = reason is not None
+        decision = label_decision(p, cause.retry_safe, self.settings.abstain_threshold,
+                                  base.abstain_reason == TOO_LITTLE_TEXT)
         top = base.root_cause_candidates[0].confidence
         # Mitigations follow the accepted cause: it takes the top probability for the ranking.
         probs = [(c.id, top if c.id == cause_id else p if c.id == base.root_cause else c.confidence)
@@ -352,8 +352,7 @@ class LLMSuggester:
         steps = rank_mitigations(self.engine.kb.taxonomy, probs, base.similar_incidents, base.suspect,
                                  self.engine.usual_mitigations())[:4]
         return {"root_cause": cause_id, "root_cause_name": cause.name, "root_cause_dimension": cause.dimension,
-                "root_cause_confidence": p, "abstained": abstained, "abstain_reason": reason,
-                "retry_safe": cause.retry_safe and not abstained,
+                "root_cause_confidence": p, **decision,
                 "mitigations": steps or base.mitigations, "mitigation": steps[0].id if steps else base.mitigation}
 
 
