@@ -79,3 +79,31 @@ def test_no_bundled_report_copies_an_evaluation_ticket(bundled):
         copied += [(incident.id, dev_id) for dev_id, theirs in dev_shingles
                    if len(own & theirs) > MAX_SHARED_SHINGLES]
     assert copied == []
+
+
+GITHUB_THREAD = re.compile(r"github\.com/([^/\s]+)/([^/\s]+)/(?:issues|pull|discussions)/(\d+)", re.I)
+
+
+def thread(url: str) -> tuple[str, str, str] | None:
+    """(owner, repository, number) of a GitHub issue or pull-request address; None for anything else."""
+    found = GITHUB_THREAD.search(url or "")
+    return (found[1].lower(), found[2].lower(), found[3]) if found else None
+
+
+def test_thread_reads_issue_and_pull_request_addresses_alike():
+    assert thread("https://github.com/NVIDIA/nccl/issues/905") == ("nvidia", "nccl", "905")
+    assert thread("github.com/nvidia/NCCL/pull/905 (comment)") == ("nvidia", "nccl", "905")
+    assert thread("pmkb-bundled") is None
+
+
+def test_reports_of_public_incidents_cite_their_thread_once_and_none_is_an_evaluation_ticket(bundled):
+    dev_file = shared_file("data/dev_incidents.jsonl")
+    incidents, _ = bundled
+    public = [i for i in incidents if i.source != "pmkb-bundled"]
+    assert public, "the bundled reports include reports of public incidents"
+    threads = Counter(thread(i.source) for i in public)
+    assert None not in threads and [t for t, n in threads.items() if n > 1] == []
+    assert all("pmkb-bundled" in i.tags for i in public)  # kept out of node history
+    held_out = {thread(json.loads(line)["source"]) for line in dev_file.read_text(encoding="utf-8").splitlines()
+                if line.strip()}
+    assert [i.id for i in public if thread(i.source) in held_out] == []

@@ -26,9 +26,11 @@ def test_history_lists_the_incidents_naming_the_node_newest_first():
         incident("t-3", "Xid 79 on node gpu-z43", day=10),
         incident("t-4", "node GPU-Z42 rebooted by itself"),
         incident("seed-1", "Xid 79 on node gpu-z42", day=20, source=BUNDLED_SOURCE),
+        incident("seed-2", "Xid 79 on node gpu-z42", day=21, source="https://github.com/org/cluster/issues/7",
+                 tags=["xid", BUNDLED_SOURCE]),
     ])
     history = node_history(index, "gpu-z42")
-    assert history.total == 3  # the seed report of another cluster and the other node do not count
+    assert history.total == 3  # seed reports of other clusters (written or public) and the other node do not count
     assert [i.id for i in history.incidents] == ["t-2", "t-1", "t-4"]  # newest first, undated last
     assert "gpu-z42 appears in 3 earlier incidents: t-2 (gpu_lost, 2026-03-09)" in history.summary()
     assert node_history(index, "gpu-z42", exclude={"t-1", "t-2", "t-4"}) is None

@@ -13,15 +13,21 @@ from kb.core.suggestion import NodeHistory, NodeIncident
 from kb.engine.evidence import find_nodes
 
 BUNDLED_SOURCE = "pmkb-bundled"
-"""The ``source`` of the incident reports shipped with pmkb."""
+"""Marks the incident reports shipped with pmkb: their ``source`` (reports written for pmkb) or one
+of their ``tags`` (reports of public incidents, whose ``source`` is the public thread)."""
 SHOWN = 5
+
+
+def is_bundled(incident: Incident) -> bool:
+    """Whether the incident is one of the reports shipped with pmkb (another cluster's nodes)."""
+    return incident.source == BUNDLED_SOURCE or BUNDLED_SOURCE in incident.tags
 
 
 def node_index(incidents: list[Incident]) -> dict[str, list[Incident]]:
     """Incidents by every node they name (lower case) in ticket or resolution; seed reports left out."""
     index: dict[str, list[Incident]] = defaultdict(list)
     for incident in incidents:
-        if incident.source == BUNDLED_SOURCE:
+        if is_bundled(incident):
             continue
         for node in find_nodes(f"{incident.text()}\n{incident.resolution}"):
             index[node].append(incident)
