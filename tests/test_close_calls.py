@@ -38,6 +38,13 @@ CONFUSED = [
     ("platform_misconfiguration", "network_switch_cable"),
     ("resource_overload", "policy_violation"),
     ("platform_maintenance", "buggy_code"),
+    ("system_defect", "platform_misconfiguration"),
+    ("gpu_lost", "platform_misconfiguration"),
+    ("nic_failure", "platform_misconfiguration"),
+    ("disk_failure", "service_outage"),
+    ("platform_maintenance", "platform_misconfiguration"),
+    ("gpu_processor_fault", "host_cpu_memory_failure"),
+    ("environment_dependency", "gpu_nvlink_error"),
 ]
 
 # Something an engineer can look at: a command, a log, a dashboard, a counter, the calendar.

@@ -98,12 +98,13 @@ def test_the_comment_lists_the_set_and_the_question():
     assert "labels follow the 90% prediction set" in body and "**Labels:** none" in body
 
 
-def _case(truth: str, dimension: str) -> Case:
-    return Case(Ticket(title="t"), truth, dimension, "job_crash", None, [], {})
+def _case(truth: str, dimension: str, alternatives: tuple[str, ...] = ()) -> Case:
+    return Case(Ticket(title="t"), truth, dimension, "job_crash", None, list(alternatives), {})
 
 
 def test_set_figures_count_coverage_sizes_and_the_bots_precision():
-    cases = [_case("gpu_lost", "hardware"), _case("node_outage", "hardware"), _case("buggy_code", "user"),
+    cases = [_case("gpu_lost", "hardware"), _case("node_outage", "hardware", ("gpu_lost",)),
+             _case("buggy_code", "user"),
              _case("service_outage", "platform")]
     preds = [
         make_suggestion(root_cause="gpu_lost", root_cause_set=_set(("gpu_lost", "hardware")), set_level=0.9),
@@ -116,6 +117,7 @@ def test_set_figures_count_coverage_sizes_and_the_bots_precision():
     ]
     figures = set_figures(cases, preds)
     assert figures["coverage"] == 0.5 and figures["mean_size"] == 1.75 and figures["singletons"] == 0.5
+    assert figures["coverage_accepted"] == 0.75  # the second ticket's set holds an accepted alternative
     assert figures["singleton_precision"] == 0.5
     assert figures["coverage_by_dimension"] == {"hardware": 0.5, "platform": 1.0, "user": 0.0}
     assert figures["bot"][CAUSE_LABEL] == {"share": 0.5, "precision": 0.5}

@@ -117,14 +117,16 @@ def score(cases: list[Case], preds: list[Suggestion]) -> dict:
 
 def set_figures(cases: list[Case], preds: list[Suggestion]) -> dict | None:
     """Figures of the prediction sets (None when the engine has no set calibration): coverage of
-    the true cause, set sizes, singletons and their precision, coverage by the truth's dimension,
-    the symptom set's coverage and size; and the labels the bot's rule writes (``labelling``),
-    with the precision of each kind."""
+    the true cause (and of the cause or one of its accepted alternatives), set sizes, singletons
+    and their precision, coverage by the truth's dimension, the symptom set's coverage and size;
+    and the labels the bot's rule writes (``labelling``), with the precision of each kind."""
     pairs = [(c, p) for c, p in zip(cases, preds) if p.root_cause_set]
     if not pairs:
         return None
     sizes = np.array([len(p.root_cause_set) for _, p in pairs])
     covered = np.array([c.root_cause in {m.id for m in p.root_cause_set} for c, p in pairs])
+    accepted = np.array([bool({c.root_cause, *c.alt_root_causes} & {m.id for m in p.root_cause_set})
+                         for c, p in pairs])
     singles = sizes == 1
     by_dimension: dict[str, list[bool]] = {}
     for (c, _), hit in zip(pairs, covered):
@@ -138,6 +140,7 @@ def set_figures(cases: list[Case], preds: list[Suggestion]) -> dict | None:
         kinds[kind].append(right)
     return {
         "n": len(pairs), "level": pairs[0][1].set_level, "coverage": float(covered.mean()),
+        "coverage_accepted": float(accepted.mean()),
         "mean_size": float(sizes.mean()), "median_size": float(np.median(sizes)),
         "singletons": float(singles.mean()),
         "singleton_precision": float(covered[singles].mean()) if singles.any() else float("nan"),
@@ -155,7 +158,9 @@ def set_figures(cases: list[Case], preds: list[Suggestion]) -> dict | None:
 def format_sets(sets: dict) -> list[str]:
     """The prediction-set figures as table lines."""
     lines = ["", f"| prediction set (level {sets['level']:.2f}, n={sets['n']}) | value |", "|---|---|",
-             f"| root-cause coverage | {sets['coverage']:.3f} |", f"| mean size | {sets['mean_size']:.2f} |",
+             f"| root-cause coverage | {sets['coverage']:.3f} |",
+             f"| coverage of the cause or an accepted alternative | {sets['coverage_accepted']:.3f} |",
+             f"| mean size | {sets['mean_size']:.2f} |",
              f"| median size | {sets['median_size']:.1f} |", f"| singletons | {sets['singletons']:.3f} |",
              f"| singleton precision | {sets['singleton_precision']:.3f} |",
              f"| two causes / wider | {sets['two_causes']:.3f} / {sets['wider']:.3f} |"]
