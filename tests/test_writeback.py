@@ -81,6 +81,27 @@ def test_render_comment_confident_github():
     assert "confidence threshold" in render_comment(make_suggestion(), threshold_note=True)
 
 
+@pytest.mark.parametrize(("source", "github", "jira"), [
+    ("https://github.com/NVIDIA/nccl/issues/905", "[thread](https://github.com/NVIDIA/nccl/issues/905)",
+     "[thread|https://github.com/NVIDIA/nccl/issues/905]"),
+    ("pmkb-bundled", None, None),
+    ("javascript:alert(1)", None, None),
+    ("http://tracker.local/OPS-1", None, None),  # not https
+    ("https://evil.example/x)[click](https://evil.example", None, None),  # would break out of the link
+    ("https://tracker.example/browse/OPS-1?x=|y", None, None),
+])
+def test_a_similar_incident_links_its_thread_only_from_a_plain_https_source(source, github, jira):
+    suggestion = make_suggestion()
+    suggestion.similar_incidents[0].source = source
+    for system, expected in (("github", github), ("jira", jira)):
+        body = render_comment(suggestion, threshold_note=False, system=system)
+        line = next(line for line in body.splitlines() if "hw-gpu-003" in line and "->" in line)
+        if expected:
+            assert line.endswith(expected)
+        else:
+            assert "thread" not in line and source not in body
+
+
 def test_render_comment_cites_the_node_history():
     history = NodeHistory(node="gpu-12", total=2, incidents=[
         NodeIncident(id="INC-7", title="gpu-12 Xid 79", root_cause="gpu_lost"),

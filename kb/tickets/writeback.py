@@ -66,6 +66,19 @@ def _clean(text: str, system: str, width: int = 200) -> str:
     return text.replace("`", "'") if system == "github" else text.replace("{", "(").replace("}", ")")
 
 
+PLAIN_HTTPS = re.compile(r"https://[A-Za-z0-9.-]+(?:/[A-Za-z0-9._~%/+-]*)?")
+"""An address that may be linked in a comment: https, and no character that could end a Markdown or
+Jira link, open another one or carry a query."""
+
+
+def _thread_link(source: str, system: str) -> str:
+    """A link to where a similar incident was reported (a public thread, the team's tracker), or ""
+    when its source is not a plain https address."""
+    if not PLAIN_HTTPS.fullmatch(source or ""):
+        return ""
+    return f" [thread]({source})" if system == "github" else f" [thread|{source}]"
+
+
 def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "github",
                    added: list[str] | tuple[str, ...] = ()) -> str:
     """The pmkb comment for a ticket: GitHub Markdown, or Jira wiki markup when ``system="jira"``.
@@ -118,7 +131,8 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
     if s.similar_incidents:
         lines += ["", bold("Similar incidents")]
         lines += [f"{bullet} {bold(_clean(h.id, system, 80))} ({h.score:.2f}): {_clean(h.title, system, 120)} "
-                  f"({h.root_cause or 'unlabelled'} -> {h.mitigation or '-'})" for h in s.similar_incidents]
+                  f"({h.root_cause or 'unlabelled'} -> {h.mitigation or '-'}){_thread_link(h.source, system)}"
+                  for h in s.similar_incidents]
     if s.mitigations:
         lines += ["", bold("Mitigation")]
         for m in s.mitigations:
