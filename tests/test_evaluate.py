@@ -129,6 +129,14 @@ def test_evaluate_and_kfold_on_labelled_tickets(shared_bundled_kb, tmp_path):
     assert sum(row["support"] for row in result["per_class"].values()) == 20
     assert result["second_expert"]["n"] == 20 and 0 <= result["second_expert"]["dimension"] <= 1
     assert result["risk_coverage"][0]["coverage"] == 1.0
+    sweep = {row["level"]: row for row in result["level_sweep"]}
+    # The sweep cuts sets from full rankings; at the configured level they are the suggestions' own.
+    assert sweep[0.9]["coverage"] == result["sets"]["coverage"]
+    assert sweep[0.9]["mean_size"] == pytest.approx(result["sets"]["mean_size"])
+    assert sweep[0.9]["cause_labels"] == result["sets"]["bot"]["cause"]["share"]
+    rows = result["level_sweep"]  # nested sets: lower levels cover less and label more
+    assert all(a["coverage"] >= b["coverage"] and a["cause_labels"] <= b["cause_labels"] for a, b in zip(rows, rows[1:]))
+    assert "| set level | coverage | mean size | cause labels" in format_report(result, "t")
     kfold = evaluate_kfold(shared_bundled_kb, cases, folds=2)
     assert kfold["figures"]["n"] == 20 and kfold["folds"] == 2
 

@@ -13,10 +13,12 @@ from kb.core.suggestion import (
     Ticket,
     labelling,
 )
+from kb.engine.conformal import SetCalibration
 from kb.engine.sets import close_call
 from kb.engine.suggest import SuggestionEngine
-from kb.jobs.evaluate import Case, set_figures
+from kb.jobs.evaluate import Case
 from kb.jobs.report import summarise
+from kb.jobs.set_eval import format_sweep, level_sweep, set_figures
 from kb.tickets.writeback import render_comment, suggestion_labels
 
 XID_79 = Ticket(title="GPU has fallen off the bus on gpu-a-17",
@@ -57,6 +59,19 @@ def test_a_lower_alpha_never_gives_a_smaller_set(engine, monkeypatch):
     assert len(narrow.root_cause_set) <= len(wide.root_cause_set) and narrow.set_level == 0.7
 
 
+def test_a_labelling_level_of_its_own_moves_the_labels_and_not_the_shown_set(engine, monkeypatch):
+    shown = engine.suggest(VAGUE)
+    assert shown.label_set is None and shown.label_level is None  # unset: labels follow the shown set
+    monkeypatch.setattr(engine.settings, "label_alpha", 0.6)
+    s = engine.suggest(VAGUE)
+    assert [m.id for m in s.root_cause_set] == [m.id for m in shown.root_cause_set] and s.set_level == 0.9
+    assert s.label_level == 0.4 and s.label_set
+    assert [m.id for m in s.label_set] == [m.id for m in s.root_cause_set][:len(s.label_set)]
+    assert len(s.label_set) < len(s.root_cause_set)
+    assert labelling(s) == labelling(make_suggestion(root_cause=s.root_cause, dimension=s.root_cause_dimension,
+                                                     root_cause_set=s.label_set, set_level=0.4))
+
+
 def test_the_close_call_question_decides_between_the_top_cause_and_another_dimension(engine):
     ranking = [("platform_misconfiguration", 0.41), ("improper_configuration", 0.33), ("buggy_code", 0.1)]
     tax, calls = engine.kb.taxonomy, engine.close_calls
@@ -79,6 +94,31 @@ def test_the_bot_labels_what_the_set_allows(members, kind):
     expected = {CAUSE_LABEL: [f"rc:{members[0][0]}", f"dim:{members[0][1]}", "symptom:job_crash"],
                 DIMENSION_LABEL: [f"dim:{members[0][1]}", "symptom:job_crash"], COMMENT_ONLY: []}[kind]
     assert labels == expected
+
+
+def test_labels_follow_the_labelling_set_when_there_is_one():
+    wide = _set(("platform_misconfiguration", "platform"), ("improper_configuration", "user"))
+    s = make_suggestion(root_cause="platform_misconfiguration", dimension="platform", root_cause_set=wide,
+                        set_level=0.9, label_set=wide[:1], label_level=0.6)
+    assert labelling(s) == CAUSE_LABEL
+    assert suggestion_labels(s) == ["rc:platform_misconfiguration", "dim:platform", "symptom:job_crash"]
+    body = render_comment(s, threshold_note=True)
+    assert "One of these 2 causes (90%)" in body and "labels follow the 60% prediction set" in body
+    hardware = _set(("gpu_lost", "hardware"), ("node_outage", "hardware"))
+    s = make_suggestion(root_cause="gpu_lost", root_cause_set=hardware + _set(("buggy_code", "user")),
+                        set_level=0.9, label_set=hardware, label_level=0.7)
+    assert labelling(s) == DIMENSION_LABEL and suggestion_labels(s) == ["dim:hardware", "symptom:job_crash"]
+
+
+def test_a_shown_cause_outside_the_set_is_never_labelled():
+    # A model may re-rank the top cause within a margin; the set (cut from the engine's ranking) then
+    # no longer holds it, and a label from either would contradict the card.
+    s = make_suggestion(root_cause="node_outage", root_cause_set=_set(("gpu_lost", "hardware")), set_level=0.9)
+    assert labelling(s) == COMMENT_ONLY and suggestion_labels(s) == []
+    both = _set(("gpu_lost", "hardware"), ("node_outage", "hardware"))
+    s = make_suggestion(root_cause="node_outage", root_cause_set=both, set_level=0.9, label_set=both[:1],
+                        label_level=0.6)
+    assert labelling(s) == COMMENT_ONLY
 
 
 def test_a_ticket_that_says_too_little_is_never_labelled_even_with_a_set_of_one():
@@ -145,3 +185,33 @@ def test_a_close_calls_file_that_does_not_fit_the_taxonomy_turns_the_questions_o
         assert len(engine.close_calls) == 0
     assert "close-call questions are off" in caplog.text and "PMKB_CLOSE_CALLS" in caplog.text
     assert engine.suggest(XID_79).close_call is None
+
+
+SWEEP_RANKINGS = [
+    [("gpu_lost", 0.9), ("node_outage", 0.06), ("buggy_code", 0.04)],  # sure and right
+    [("gpu_lost", 0.6), ("node_outage", 0.3), ("buggy_code", 0.1)],  # the truth second, same dimension
+    [("buggy_code", 0.4), ("service_outage", 0.4), ("gpu_lost", 0.2)],  # truth second, another dimension
+    [("gpu_lost", 0.7), ("node_outage", 0.2), ("buggy_code", 0.1)],  # wrong, an accepted alternative
+]
+
+
+def test_the_level_sweep_trades_coverage_for_labels_and_counts_their_precision(engine):
+    cases = [_case("gpu_lost", "hardware"), _case("node_outage", "hardware"), _case("service_outage", "platform"),
+             _case("node_outage", "hardware", ("gpu_lost",))]
+    preds = [make_suggestion() for _ in cases]
+    calibration = SetCalibration(scores=[0.5, 0.7, 0.85, 0.92, 0.97], weights=[1.0] * 5, penalty=0.0)
+    rows = level_sweep(cases, preds, SWEEP_RANKINGS, calibration, engine.kb.taxonomy, levels=(0.95, 0.5))
+    wide, narrow = rows
+    assert wide["level"] == 0.95 and wide["coverage"] == 1.0 and wide["cause_labels"] == 0.0
+    # At 0.5 the threshold is 0.85: sets of one for the first, second and fourth ticket, two for the third.
+    assert narrow["mean_size"] == 1.25 and narrow["coverage"] == 0.5
+    assert narrow["cause_labels"] == 0.75 and narrow["cause_precision"] == pytest.approx(1 / 3)
+    assert narrow["cause_accepted"] == pytest.approx(2 / 3)  # gpu_lost is accepted for the fourth
+    assert narrow["dimension_labels"] == 0.0 and narrow["dimension_precision"] != narrow["dimension_precision"]
+    preds[0] = make_suggestion(abstained=True, abstain_reason="too_little_text")
+    assert level_sweep(cases, preds, SWEEP_RANKINGS, calibration, engine.kb.taxonomy,
+                       levels=(0.5,))[0]["cause_labels"] == 0.5  # a ticket that says too little stays unlabelled
+    lines = format_sweep(rows)
+    assert lines[1].startswith("| set level | coverage | mean size | cause labels") and len(lines) == 5
+    assert lines[3] == "| 0.95 | 1.000 | 3.00 | 0.000 | - | - | 0.000 | - |"
+    assert lines[4] == "| 0.50 | 0.500 | 1.25 | 0.750 | 0.333 | 0.667 | 0.000 | - |"

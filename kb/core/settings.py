@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     abstain_threshold: float = 0.35
     # Prediction sets hold the true root cause (and symptom) with probability at least 1 - alpha.
     set_alpha: float = Field(0.1, gt=0, lt=1)
+    # The bot's labels (and the backfill's) follow the prediction set at level 1 - label_alpha
+    # instead: a larger alpha gives more sets of one cause, so more cause labels, each less sure.
+    # Unset: the shown set (set_alpha). `pmkb eval` prints what each level labels and how precisely.
+    label_alpha: float | None = Field(None, gt=0, lt=1)
     # A ticket with fewer distinct content words than this and no log signature says too little
     # to tell the cause ("job failed", "please take a look"): it is marked abstained whatever
     # the probabilities.

@@ -170,6 +170,10 @@ class Suggestion(BaseModel):
     root_cause_set: list[Candidate] = Field(default_factory=list)
     symptom_set: list[Candidate] = Field(default_factory=list)
     set_level: float | None = None
+    # The cause set at label_level, which labels follow when the team set a labelling level of its
+    # own (settings.label_alpha); None: labels follow root_cause_set.
+    label_set: list[Candidate] | None = None
+    label_level: float | None = None
     close_call: CloseCallQuestion | None = None  # the question that decides between the set's top two causes
     abstained: bool  # not sure enough to label: see abstain_reason
     abstain_reason: str | None = None  # LOW_CONFIDENCE or TOO_LITTLE_TEXT when abstained
@@ -214,15 +218,31 @@ def explain(s: Suggestion) -> str:
 CAUSE_LABEL, DIMENSION_LABEL, COMMENT_ONLY = "cause", "dimension", "comment"
 
 
+def labelling_set(s: Suggestion) -> list[Candidate]:
+    """The cause set that labels follow: the one at the labelling level when there is one, else
+    the shown set."""
+    return s.root_cause_set if s.label_set is None else s.label_set
+
+
 def labelling(s: Suggestion) -> str:
-    """What a suggestion is sure enough to label, by its prediction set: the cause when the set
-    holds one cause, the dimension when every cause of the set lies in one dimension, else nothing
-    but a comment. Without a set (no set calibration) the top cause is labelled unless abstained;
-    a ticket that says too little is never labelled."""
+    """What a suggestion is sure enough to label, by its prediction set (``labelling_set``): the
+    cause when the set holds one cause, the dimension when every cause of the set lies in one
+    dimension, else nothing but a comment. Without a set (no set calibration) the top cause is
+    labelled unless abstained; a ticket that says too little, or whose shown cause is not in the
+    set, is never labelled."""
     if s.abstain_reason == TOO_LITTLE_TEXT:
         return COMMENT_ONLY
-    if not s.root_cause_set:
+    members = labelling_set(s)
+    if not members:
         return COMMENT_ONLY if s.abstained else CAUSE_LABEL
-    if len(s.root_cause_set) == 1:
+    if s.root_cause not in {m.id for m in members}:
+        return COMMENT_ONLY  # a model moved the shown cause out of the set: a label would contradict the card
+    return set_labelling(members)
+
+
+def set_labelling(members: list[Candidate]) -> str:
+    """The labelling rule on a non-empty cause set: the cause for a set of one, the dimension for
+    a set within one dimension, else a comment only."""
+    if len(members) == 1:
         return CAUSE_LABEL
-    return DIMENSION_LABEL if len({m.dimension for m in s.root_cause_set}) == 1 else COMMENT_ONLY
+    return DIMENSION_LABEL if len({m.dimension for m in members}) == 1 else COMMENT_ONLY

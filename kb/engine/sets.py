@@ -18,18 +18,26 @@ CLOSE_MARGIN = 0.15
 
 
 def prediction_sets(calibration: Calibration, taxonomy: Taxonomy, close_calls: CloseCalls, alpha: float,
-                    causes: list[tuple[str, float]], symptoms: list[tuple[str, float]]) -> dict:
+                    causes: list[tuple[str, float]], symptoms: list[tuple[str, float]],
+                    label_alpha: float | None = None) -> dict:
     """The Suggestion fields of the prediction sets for full rankings, best first (empty without
-    set calibration)."""
+    set calibration); with a ``label_alpha`` other than ``alpha``, also the set that labels follow."""
     if calibration.root_cause_set is None or calibration.symptom_set is None:
         return {}
     p = dict(causes) | dict(symptoms)
+
+    def members(ids: list[str]) -> list[Candidate]:
+        return [Candidate(id=c, confidence=round(p[c], 4), dimension=taxonomy.dimension_of(c)) for c in ids]
+
     cause_set = calibration.root_cause_set.predict(causes, alpha)
-    return {"root_cause_set": [Candidate(id=c, confidence=round(p[c], 4), dimension=taxonomy.dimension_of(c))
-                               for c in cause_set],
-            "symptom_set": [Candidate(id=s, confidence=round(p[s], 4))
-                            for s in calibration.symptom_set.predict(symptoms, alpha)],
-            "set_level": round(1 - alpha, 4), "close_call": close_call(taxonomy, close_calls, causes, cause_set)}
+    fields = {"root_cause_set": members(cause_set),
+              "symptom_set": [Candidate(id=s, confidence=round(p[s], 4))
+                              for s in calibration.symptom_set.predict(symptoms, alpha)],
+              "set_level": round(1 - alpha, 4), "close_call": close_call(taxonomy, close_calls, causes, cause_set)}
+    if label_alpha is not None and label_alpha != alpha:
+        fields |= {"label_set": members(calibration.root_cause_set.predict(causes, label_alpha)),
+                   "label_level": round(1 - label_alpha, 4)}
+    return fields
 
 
 def close_call(taxonomy: Taxonomy, close_calls: CloseCalls, causes: list[tuple[str, float]],

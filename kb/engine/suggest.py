@@ -221,6 +221,27 @@ class SuggestionEngine:
                 out.append(exc)
         return out
 
+    def cause_rankings(self, tickets: list[Ticket | Incident]) -> list[list[tuple[str, float]]]:
+        """Every root cause with its probability, best first, for each ticket (batched as
+        ``suggest_batch``): what the prediction sets at any level are cut from."""
+        snapshot = self.snapshot()
+        prepared = [self.prepare(ticket) for ticket in tickets]
+        queries = [p.query for p in prepared]
+        vectors = self.kb.embedder.embed_queries(queries) if queries else np.zeros((0, 0), np.float32)
+        return [self._ranked(snapshot, p, v, dense=pool, text_log_proba=text)[2] for p, v, pool, text in
+                zip(prepared, vectors, self.dense_candidates(vectors), self.text_log_probas(queries, vectors))]
+
+    def _ranked(self, snapshot: CorpusSnapshot, prepared: PreparedTicket, vector: np.ndarray,
+                exclude: set[str] | None = None, dense: dict[str, float] | None = None,
+                text_log_proba: dict[str, np.ndarray] | None = None):
+        """Evidence, similar incidents and the ranked root causes and symptoms of a prepared ticket."""
+        evidence = find_evidence(prepared.text, self.signatures)
+        similar = self.retriever.retrieve_similar(prepared.query, k=self.settings.neighbours, query_vector=vector,
+                                                  exclude=exclude, dense=dense)
+        cause_f, symptom_f = self._features(snapshot, prepared.query, vector, similar, evidence, text_log_proba)
+        return (evidence, similar, predict(cause_f, self.calibration.root_cause),
+                predict(symptom_f, self.calibration.symptom))
+
     def dense_candidates(self, vectors: np.ndarray) -> list[dict[str, float] | None]:
         """Dense candidate pools for many query vectors in one store call (None: fetch per ticket)."""
         if not len(vectors):
@@ -242,14 +263,9 @@ class SuggestionEngine:
         """The suggestion for a prepared ticket whose query vector (and dense pool, text
         classifier output) is already computed, as batch jobs do."""
         started = time.perf_counter() if started is None else started
-        ticket, text, query = prepared.ticket, prepared.text, prepared.query
+        ticket, text = prepared.ticket, prepared.text
         snapshot = self.snapshot()
-        evidence = find_evidence(text, self.signatures)
-        similar = self.retriever.retrieve_similar(query, k=self.settings.neighbours, query_vector=vector,
-                                                  exclude=exclude, dense=dense)
-        cause_f, symptom_f = self._features(snapshot, query, vector, similar, evidence, text_log_proba)
-        causes = predict(cause_f, self.calibration.root_cause)
-        symptoms = predict(symptom_f, self.calibration.symptom)
+        evidence, similar, causes, symptoms = self._ranked(snapshot, prepared, vector, exclude, dense, text_log_proba)
         top_cause, top_p = causes[0]
         tax = self.kb.taxonomy
         cause = tax.root_cause(top_cause)
@@ -260,7 +276,8 @@ class SuggestionEngine:
                    if suspect and suspect.get("node") else None)
         low_util = (low_utilisation_hints(self.low_util, evidence, text)
                     if wants_low_utilisation_hints(tax, symptoms[0][0], evidence) else [])
-        sets = prediction_sets(self.calibration, tax, self.close_calls, self.settings.set_alpha, causes, symptoms)
+        sets = prediction_sets(self.calibration, tax, self.close_calls, self.settings.set_alpha, causes, symptoms,
+                               self.settings.label_alpha)
         decision = label_decision(top_p, cause.retry_safe, self.settings.abstain_threshold,
                                   says_too_little(text, bool(evidence), self.settings.min_ticket_words))
         suggestion = Suggestion(

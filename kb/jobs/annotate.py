@@ -23,6 +23,8 @@ def annotation_record(s: Suggestion) -> dict:
         "root_cause_set": [c.model_dump() for c in s.root_cause_set],
         "set_level": s.set_level,
         "labelling": labelling(s),
+        "label_set": None if s.label_set is None else [c.model_dump() for c in s.label_set],
+        "label_level": s.label_level,
         "mitigation": s.mitigation,
         "mitigations": [m.model_dump() for m in s.mitigations],
         "similar_incidents": [{"id": h.id, "title": h.title, "score": h.score, "root_cause": h.root_cause}

@@ -20,10 +20,11 @@ import numpy as np
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
 
 from kb.core.incidents import Incident
-from kb.core.suggestion import CAUSE_LABEL, COMMENT_ONLY, DIMENSION_LABEL, Suggestion, Ticket, labelling
+from kb.core.suggestion import Suggestion, Ticket
 from kb.engine.classify import expected_calibration_error, neighbour_votes
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.suggest import SuggestionEngine
+from kb.jobs.set_eval import format_sets, format_sweep, level_sweep, set_figures
 
 
 @dataclass
@@ -113,65 +114,6 @@ def score(cases: list[Case], preds: list[Suggestion]) -> dict:
         "recall_at_5": float(np.mean([any(h.root_cause == c.root_cause for h in p.similar_incidents[:5])
                                       for c, p in zip(cases, preds)])),
     }
-
-
-def set_figures(cases: list[Case], preds: list[Suggestion]) -> dict | None:
-    """Figures of the prediction sets (None when the engine has no set calibration): coverage of
-    the true cause (and of the cause or one of its accepted alternatives), set sizes, singletons
-    and their precision, coverage by the truth's dimension, the symptom set's coverage and size;
-    and the labels the bot's rule writes (``labelling``), with the precision of each kind."""
-    pairs = [(c, p) for c, p in zip(cases, preds) if p.root_cause_set]
-    if not pairs:
-        return None
-    sizes = np.array([len(p.root_cause_set) for _, p in pairs])
-    covered = np.array([c.root_cause in {m.id for m in p.root_cause_set} for c, p in pairs])
-    accepted = np.array([bool({c.root_cause, *c.alt_root_causes} & {m.id for m in p.root_cause_set})
-                         for c, p in pairs])
-    singles = sizes == 1
-    by_dimension: dict[str, list[bool]] = {}
-    for (c, _), hit in zip(pairs, covered):
-        by_dimension.setdefault(c.dimension or "?", []).append(bool(hit))
-    symptoms = [(c, p) for c, p in pairs if c.symptom and p.symptom_set]
-    kinds = {CAUSE_LABEL: [], DIMENSION_LABEL: [], COMMENT_ONLY: []}
-    for c, p in pairs:
-        kind = labelling(p)
-        right = (p.root_cause == c.root_cause if kind == CAUSE_LABEL
-                 else p.root_cause_set[0].dimension == c.dimension if kind == DIMENSION_LABEL else None)
-        kinds[kind].append(right)
-    return {
-        "n": len(pairs), "level": pairs[0][1].set_level, "coverage": float(covered.mean()),
-        "coverage_accepted": float(accepted.mean()),
-        "mean_size": float(sizes.mean()), "median_size": float(np.median(sizes)),
-        "singletons": float(singles.mean()),
-        "singleton_precision": float(covered[singles].mean()) if singles.any() else float("nan"),
-        "two_causes": float((sizes == 2).mean()), "wider": float((sizes > 2).mean()),
-        "coverage_by_dimension": {d: float(np.mean(hits)) for d, hits in sorted(by_dimension.items())},
-        "symptom_coverage": float(np.mean([c.symptom in {m.id for m in p.symptom_set} for c, p in symptoms]))
-        if symptoms else float("nan"),
-        "symptom_mean_size": float(np.mean([len(p.symptom_set) for _, p in symptoms])) if symptoms else float("nan"),
-        "bot": {kind: {"share": len(rights) / len(pairs),
-                       "precision": float(np.mean(rights)) if rights and kind != COMMENT_ONLY else float("nan")}
-                for kind, rights in kinds.items()},
-    }
-
-
-def format_sets(sets: dict) -> list[str]:
-    """The prediction-set figures as table lines."""
-    lines = ["", f"| prediction set (level {sets['level']:.2f}, n={sets['n']}) | value |", "|---|---|",
-             f"| root-cause coverage | {sets['coverage']:.3f} |",
-             f"| coverage of the cause or an accepted alternative | {sets['coverage_accepted']:.3f} |",
-             f"| mean size | {sets['mean_size']:.2f} |",
-             f"| median size | {sets['median_size']:.1f} |", f"| singletons | {sets['singletons']:.3f} |",
-             f"| singleton precision | {sets['singleton_precision']:.3f} |",
-             f"| two causes / wider | {sets['two_causes']:.3f} / {sets['wider']:.3f} |"]
-    lines += [f"| coverage, {dim} tickets | {value:.3f} |" for dim, value in sets["coverage_by_dimension"].items()]
-    lines += [f"| symptom coverage / mean size | {sets['symptom_coverage']:.3f} / {sets['symptom_mean_size']:.2f} |",
-              "", "| bot writes | share of tickets | precision |", "|---|---|---|"]
-    names = {CAUSE_LABEL: "cause label (set of one)", DIMENSION_LABEL: "dimension label (set in one dimension)",
-             COMMENT_ONLY: "comment only"}
-    lines += [f"| {names[kind]} | {row['share']:.3f} | " + ("-" if kind == COMMENT_ONLY else f"{row['precision']:.3f}")
-              + " |" for kind, row in sets["bot"].items()]
-    return lines
 
 
 def _field_accuracy(cases: list[Case], preds: list[Suggestion], field: str, predicted: str | None = None) -> float:
@@ -270,7 +212,12 @@ def evaluate(engine: SuggestionEngine, cases: list[Case],
         latencies.append((time.perf_counter() - started) * 1000)
         if progress:
             progress(1)
-    return {**_result(engine, cases, preds, latencies),
+    result = _result(engine, cases, preds, latencies)
+    set_calibration = engine.calibration.root_cause_set
+    if set_calibration is not None:
+        rankings = engine.cause_rankings([case.ticket for case in cases])
+        result["level_sweep"] = level_sweep(cases, preds, rankings, set_calibration, engine.kb.taxonomy)
+    return {**result,
             "llm_failed": sum(1 for p in preds if p.trace.get("llm_failed")),
             "predictions": [{"id": c.ticket.id, "truth": c.root_cause, "predicted": p.root_cause,
                              "confidence": p.root_cause_confidence, "symptom": p.symptom}
@@ -382,6 +329,8 @@ def format_report(result: dict, title: str) -> str:
                   for row in result["risk_coverage"]]
     if "sets" in result:
         lines += format_sets(result["sets"])
+    if "level_sweep" in result:
+        lines += format_sweep(result["level_sweep"])
     if "per_class" in result:
         lines += ["", "| root cause | support | precision | recall | F1 |", "|---|---|---|---|---|"]
         lines += [f"| {label} | {row['support']} | {row['precision']:.2f} | {row['recall']:.2f} | {row['f1']:.2f} |"

@@ -24,7 +24,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.core.settings import Settings
-from kb.core.suggestion import CAUSE_LABEL, DIMENSION_LABEL, Suggestion, labelling
+from kb.core.suggestion import CAUSE_LABEL, DIMENSION_LABEL, Suggestion, labelling, labelling_set
 from kb.tickets.api import TicketRef, TicketSystem, WriteBackError, ticket_api
 from kb.tickets.outbox import OutboxTicketSystem
 
@@ -54,7 +54,7 @@ def suggestion_labels(s: Suggestion) -> list[str]:
     if kind == CAUSE_LABEL:
         return [f"rc:{s.root_cause}", f"dim:{s.root_cause_dimension}", f"symptom:{s.symptom}"]
     if kind == DIMENSION_LABEL:
-        return [f"dim:{s.root_cause_set[0].dimension}", *symptom]
+        return [f"dim:{labelling_set(s)[0].dimension}", *symptom]
     return []
 
 
@@ -144,7 +144,8 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
         lines += [f"{bullet} {h.name}: {_clean(h.fix, system, 300)}" for h in s.low_gpu_utilisation]
     footer = [s.trace.get("engine", "pmkb"), "this comment is updated when the ticket changes"]
     if threshold_note and s.root_cause_set:
-        footer.append(f"labels follow the {s.set_level:.0%} prediction set: the cause when it holds one cause, "
+        level = s.set_level if s.label_set is None else s.label_level
+        footer.append(f"labels follow the {level:.0%} prediction set: the cause when it holds one cause, "
                       "the dimension when its causes share one, none otherwise")
     elif threshold_note:
         footer.append("labels are applied only when the top root cause reaches the confidence threshold; "
