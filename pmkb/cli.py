@@ -224,7 +224,7 @@ def open_engine(**overrides):
     from kb.engine.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb(**overrides))
-    if not engine.calibration_path.exists() and not engine.settings.default_calibration.exists():
+    if engine.calibrator.load() is None:
         echo_err("fitting the classifier on the knowledge base (once) ...")
     engine.calibration
     return engine

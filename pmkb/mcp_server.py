@@ -149,7 +149,7 @@ class KnowledgeTools:
         log.info("loading the knowledge base at %s", self.settings.home)
         engine = self._engine or SuggestionEngine(KnowledgeBase(self.settings), refit_in_background=True)
         engine.kb.ensure_built(log=log.info)
-        if not engine.calibration_path.exists() and not self.settings.default_calibration.exists():
+        if engine.calibrator.load() is None:
             log.info("fitting the classifier on the knowledge base (once)")
         engine.calibration
         # One throw-away suggestion builds the lazy parts (model, lexical index, text classifiers),

