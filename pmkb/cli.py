@@ -224,9 +224,7 @@ def open_engine(**overrides):
     from kb.engine.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb(**overrides))
-    if engine.calibrator.load() is None:
-        echo_err("fitting the classifier on the knowledge base (once) ...")
-    engine.calibration
+    engine.load_calibration(on_fit=lambda: echo_err("fitting the classifier on the knowledge base (once) ..."))
     return engine
 
 

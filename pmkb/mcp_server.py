@@ -149,9 +149,7 @@ class KnowledgeTools:
         log.info("loading the knowledge base at %s", self.settings.home)
         engine = self._engine or SuggestionEngine(KnowledgeBase(self.settings), refit_in_background=True)
         engine.kb.ensure_built(log=log.info)
-        if engine.calibrator.load() is None:
-            log.info("fitting the classifier on the knowledge base (once)")
-        engine.calibration
+        engine.load_calibration(on_fit=lambda: log.info("fitting the classifier on the knowledge base (once)"))
         # One throw-away suggestion builds the lazy parts (model, lexical index, text classifiers),
         # so the first caller's ticket is not the slow one.
         engine.suggest(Ticket(id="warm-up", title="warm up", description="GPU job crashed"))

@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable
 
 import numpy as np
 
@@ -107,8 +108,16 @@ class SuggestionEngine:
     def calibration(self) -> Calibration:
         """Fitted classifier weights: this knowledge base's own (``pmkb calibrate``), else the
         weights shipped with pmkb (fitted on the bundled incidents), else fitted now."""
+        return self.load_calibration()
+
+    def load_calibration(self, on_fit: Callable[[], None] | None = None) -> Calibration:
+        """The calibration, read once; ``on_fit`` is called first when there is none to read and it
+        has to be fitted now (a few minutes: callers say so)."""
         if self._calibration is None:
-            self._calibration = self.calibrator.load() or self.fit_calibration()
+            loaded = self.calibrator.load()
+            if loaded is None and on_fit is not None:
+                on_fit()
+            self._calibration = loaded or self.fit_calibration()
         return self._calibration
 
     @cached_property
@@ -203,20 +212,17 @@ class SuggestionEngine:
             except EmptyTicket as exc:
                 prepared.append(exc)
         good = [p for p in prepared if isinstance(p, PreparedTicket)]
-        vectors = (self.kb.embedder.embed_queries([p.query for p in good]) if good
-                   else np.zeros((0, 0), np.float32))
-        pools = iter(self.dense_candidates(vectors))
-        texts = iter(self.text_log_probas([p.query for p in good], vectors))
-        vectors = iter(vectors)
+        inputs = iter(self._batch_inputs(good))
         share = (time.perf_counter() - started) / max(len(good), 1)
         out: list[Suggestion | Exception] = []
         for item in prepared:
             if isinstance(item, Exception):
                 out.append(item)
                 continue
+            vector, pool, text = next(inputs)
             try:
-                out.append(self.suggest_prepared(item, next(vectors), exclude, time.perf_counter() - share,
-                                                 dense=next(pools), text_log_proba=next(texts)))
+                out.append(self.suggest_prepared(item, vector, exclude, time.perf_counter() - share,
+                                                 dense=pool, text_log_proba=text))
             except Exception as exc:  # noqa: BLE001 - reported per ticket by the caller
                 out.append(exc)
         return out
@@ -226,10 +232,15 @@ class SuggestionEngine:
         ``suggest_batch``): what the prediction sets at any level are cut from."""
         snapshot = self.snapshot()
         prepared = [self.prepare(ticket) for ticket in tickets]
+        return [self._ranked(snapshot, p, vector, dense=pool, text_log_proba=text)[2]
+                for p, (vector, pool, text) in zip(prepared, self._batch_inputs(prepared))]
+
+    def _batch_inputs(self, prepared: list[PreparedTicket]):
+        """(query vector, dense candidate pool, text classifier output) per prepared ticket, each
+        computed for the whole batch in one call."""
         queries = [p.query for p in prepared]
         vectors = self.kb.embedder.embed_queries(queries) if queries else np.zeros((0, 0), np.float32)
-        return [self._ranked(snapshot, p, v, dense=pool, text_log_proba=text)[2] for p, v, pool, text in
-                zip(prepared, vectors, self.dense_candidates(vectors), self.text_log_probas(queries, vectors))]
+        return zip(vectors, self.dense_candidates(vectors), self.text_log_probas(queries, vectors))
 
     def _ranked(self, snapshot: CorpusSnapshot, prepared: PreparedTicket, vector: np.ndarray,
                 exclude: set[str] | None = None, dense: dict[str, float] | None = None,
