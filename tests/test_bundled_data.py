@@ -108,3 +108,45 @@ def test_reports_of_public_incidents_cite_their_thread_once_and_none_is_an_evalu
     held_out = {thread(json.loads(line)["source"]) for line in dev_file.read_text(encoding="utf-8").splitlines()
                 if line.strip()}
     assert [i.id for i in public if thread(i.source) in held_out] == []
+
+
+HELD_OUT_HEADER = "# Held-out threads"
+
+
+def thread_key(url: str) -> str:
+    """The held-out list's normalised key of a source address: owner/repo#N for a GitHub issue, pull
+    request or discussion, owner/repo/path for a file in a repository, else the URL without scheme,
+    fragment or trailing slash; lower case."""
+    from urllib.parse import urlsplit
+
+    url = url.strip()
+    parts = urlsplit(url if "://" in url else f"https://{url}")
+    host, path = parts.netloc.lower(), parts.path.rstrip("/")
+    if host in {"github.com", "www.github.com"}:
+        segments = path.strip("/").split("/")
+        if len(segments) >= 4 and segments[2] in {"issues", "pull", "pulls", "discussions"}:
+            return f"{segments[0]}/{segments[1]}#{segments[3]}".lower()
+        if len(segments) >= 5 and segments[2] in {"blob", "tree"}:
+            return "/".join(segments[:2] + segments[4:]).lower()
+    return f"{host}{path}{'?' + parts.query if parts.query else ''}".lower()
+
+
+def test_thread_key_normalises_as_the_held_out_list_says():
+    assert thread_key("https://github.com/NVIDIA/nccl/issues/905#issuecomment-1") == "nvidia/nccl#905"
+    assert thread_key("https://github.com/NVIDIA/nccl/pull/905/") == "nvidia/nccl#905"
+    assert thread_key("https://github.com/o/r/blob/main/docs/x.md") == "o/r/docs/x.md"
+    assert thread_key("https://Forums.Example.com/t/gpu-lost/12/#reply") == "forums.example.com/t/gpu-lost/12"
+
+
+def test_no_bundled_report_cites_a_held_out_thread(bundled):
+    import hashlib
+
+    listing = shared_file("data/heldout_threads.sha256").read_text(encoding="utf-8")
+    assert listing.startswith(HELD_OUT_HEADER), "the list's header states the key rule this test applies"
+    held_out = {line.strip() for line in listing.splitlines() if line.strip() and not line.startswith("#")}
+    incidents, _ = bundled
+    cited = [(i.id, i.source) for i in incidents if i.source.startswith("http")]
+    assert len(cited) > 300
+    hits = [(ident, source) for ident, source in cited
+            if hashlib.sha256(thread_key(source).encode()).hexdigest() in held_out]
+    assert hits == [], f"{len(hits)} bundled reports cite a held-out thread: {hits[:5]}"
