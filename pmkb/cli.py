@@ -231,12 +231,14 @@ def open_engine(**overrides):
 def read_ticket_text(text: Optional[str], file: Optional[Path], title: str) -> str:
     """The ticket text from the argument or --file; exits with a clear error when there is none."""
     if file is not None:
-        from ingest.common import read_text
+        from kb.core.records import read_text
 
         try:
-            text, _ = read_text(file)
+            text, warning = read_text(file)
         except OSError as exc:
             fail(f"cannot read {file}: {exc}")
+        if warning:
+            echo_err(f"warning: {file}: {warning}")
     if not (text or title):
         fail("give the ticket text as an argument, or --file F")
     return text or ""
