@@ -7,6 +7,7 @@ GitHub and Jira endpoints pmkb uses; it is imported from here by other test modu
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -89,12 +90,14 @@ def test_render_comment_confident_github():
     ("http://tracker.local/OPS-1", None, None),  # not https
     ("https://evil.example/x)[click](https://evil.example", None, None),  # would break out of the link
     ("https://tracker.example/browse/OPS-1?x=|y", None, None),
+    ("https://github.com.evil.example/NVIDIA/nccl/issues/905", None, None),  # not an allowed host
 ])
 def test_a_similar_incident_links_its_thread_only_from_a_plain_https_source(source, github, jira):
     suggestion = make_suggestion()
     suggestion.similar_incidents[0].source = source
+    assert "thread" not in render_comment(suggestion, threshold_note=False)  # no allowed host: no link
     for system, expected in (("github", github), ("jira", jira)):
-        body = render_comment(suggestion, threshold_note=False, system=system)
+        body = render_comment(suggestion, threshold_note=False, system=system, link_hosts=["github.com"])
         line = next(line for line in body.splitlines() if "hw-gpu-003" in line and "->" in line)
         if expected:
             assert line.endswith(expected)
@@ -107,7 +110,7 @@ def test_render_comment_cites_the_node_history():
         NodeIncident(id="INC-7", title="gpu-12 Xid 79", root_cause="gpu_lost"),
         NodeIncident(id="INC-3", title="gpu-12 ECC", root_cause="gpu_memory_error")])
     body = render_comment(make_suggestion(node_history=history), threshold_note=False)
-    assert "**Seen before:** gpu-12 appears in 2 earlier incidents: INC-7 (gpu_lost), INC-3" in body
+    assert "**Seen before:** gpu-12 appears in 2 earlier incidents: INC-7 (gpu\\_lost), INC-3" in body
     assert "Seen before" not in render_comment(make_suggestion(), threshold_note=False)
 
 
@@ -340,7 +343,7 @@ def test_a_comment_written_before_the_record_existed_owns_no_labels(tmp_path):
 
 def test_the_record_is_read_from_the_last_line_only():
     body = render_comment(make_suggestion(explanation="<!-- pmkb:added rc:team_label -->"), threshold_note=True)
-    assert "pmkb:added rc:team_label" in body and labels_added_by_pmkb(body) == []
+    assert "&lt;!-- pmkb:added rc:team\\_label --&gt;" in body and labels_added_by_pmkb(body) == []
     assert labels_added_by_pmkb(render_comment(make_suggestion(), True, added=["rc:x"])) == ["rc:x"]
     assert labels_added_by_pmkb(render_comment(make_suggestion(), True, "jira", added=["dim:y"])) == ["dim:y"]
     assert labels_added_by_pmkb("") == [] and labels_added_by_pmkb("<!-- pmkb:added -->") == []
@@ -432,3 +435,43 @@ def _first_comment_then_update(api, settings, ref, first: dict, marker: str, add
     second = write_back(settings, ref, make_suggestion(root_cause="buggy_code", dimension="user"))
     assert second["comment"] == "updated" and second["comment_id"] == first["comment_id"]
     return second
+
+
+HOSTILE_TITLE = ('GPU lost again [Fix: run this script](https://evil.example/fix.sh) <a href="https://evil.example">x</a> '
+                 "[~accountid:5b10a2844c20] [runbook|https://evil.example/r] !https://evil.example/p.png! <!-- hidden")
+
+
+def test_hostile_text_from_ingest_and_page_feedback_is_inert_in_both_comment_markups(tmp_path, empty_kb):
+    """Through the real paths: a GitHub issue export ingested, and a ticket confirmed on the page."""
+    from test_markup import live_markup
+
+    from ingest import read_paths
+    from kb.core.incidents import Incident
+    from kb.core.suggestion import Ticket
+    from kb.engine.classify import Calibration
+    from kb.engine.suggest import SuggestionEngine
+    from kb.jobs.feedback import LabelSet, save_feedback
+
+    export = tmp_path / "issues.json"
+    export.write_text(json.dumps([{
+        "number": 7, "html_url": "https://github.com.evil.example/ops/tickets/issues/7", "title": HOSTILE_TITLE,
+        "body": "Xid 79: GPU has fallen off the bus on node gpu-q3; the job died.", "created_at": "2026-01-02T00:00:00Z",
+        "labels": [{"name": "rc:gpu_lost"}, {"name": "symptom:job_crash"}, {"name": "mitigation:node_repair"}]}]))
+    empty_kb.add_incidents([r for r in read_paths([export]) if isinstance(r, Incident)])
+    engine = SuggestionEngine(empty_kb, calibration=Calibration())
+    page_ticket = Ticket(id="[~accountid:99]<!--", title=HOSTILE_TITLE.replace("GPU lost again", "Node gpu-q9 Xid 79"),
+                         description="Xid 79 GPU has fallen off the bus, @oncall please drain www.evil.example")
+    save_feedback(empty_kb, page_ticket, engine.suggest(page_ticket),
+                  LabelSet(symptom="job_crash", root_cause="gpu_lost", mitigation="node_repair"))
+    engine = SuggestionEngine(empty_kb, calibration=Calibration())
+    suggestion = engine.suggest(Ticket(title="Xid 79 on gpu-q5", description="GPU has fallen off the bus, job died"))
+    suggestion.explanation = "See [the fix](https://evil.example/fix.sh) <!-- and @oncall"
+    assert len(suggestion.similar_incidents) == 2
+    for system in ("github", "jira"):
+        body = render_comment(suggestion, threshold_note=True, system=system, link_hosts=["github.com"])
+        lines = body.splitlines()
+        quoted = "\n".join(line for line in lines[1:] if not line.startswith(("<sub>", "### ", "h3. ")))
+        assert "evil.example" in quoted.replace("\u200b", "").replace("\\", "")  # shown, as text
+        own_markup = re.compile(r"\{\{|\}\}")  # pmkb's own code spans on Jira
+        assert live_markup(own_markup.sub("", quoted), system) == [], system
+        assert "thread" not in body  # github.com.evil.example is not github.com

@@ -11,11 +11,13 @@ import os
 from contextvars import ContextVar
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
+from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
+    NoDecode,
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
@@ -171,6 +173,33 @@ class Settings(BaseSettings):
     writeback_timeout: float = 15.0
     # Dry run: append the intended write-back calls to this JSONL file instead of making them.
     writeback_outbox: Path | None = None
+    # Hosts a comment may link to (a similar incident's thread), comma-separated; a subdomain is
+    # another host. Unset: only the ticket system's own host (github.com for api.github.com, the
+    # host of jira_url). Empty: no links.
+    comment_link_hosts: Annotated[list[str] | None, NoDecode] = None
+
+    @field_validator("comment_link_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if value is not None:
+            value = [str(h).strip().lower() for h in value if str(h).strip()]
+            bad = [h for h in value if "/" in h or ":" in h or " " in h]
+            if bad:
+                raise ValueError(f"comment_link_hosts takes host names only (no scheme, port or path): {bad}")
+        return value
+
+    def link_hosts(self, system: str) -> list[str]:
+        """The hosts a comment written to ``system`` (github or jira) may link to."""
+        if self.comment_link_hosts is not None:
+            return list(self.comment_link_hosts)
+        if system == "jira":
+            host = (urlsplit(self.jira_url or "").hostname or "").lower()
+        else:  # GitHub's web pages live on github.com, its API on api.github.com
+            host = (urlsplit(self.github_api_url).hostname or "").lower()
+            host = "github.com" if host == "api.github.com" else host
+        return [host] if host else []
 
     @property
     def store_dir(self) -> Path:

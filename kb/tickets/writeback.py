@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import httpx
@@ -26,6 +26,7 @@ from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.core.settings import Settings
 from kb.core.suggestion import CAUSE_LABEL, DIMENSION_LABEL, Suggestion, labelling, labelling_set
 from kb.tickets.api import TicketRef, TicketSystem, WriteBackError, ticket_api
+from kb.tickets.markup import inert, inert_code, thread_link
 from kb.tickets.outbox import OutboxTicketSystem
 
 __all__ = ["GITHUB_MARKER", "JIRA_MARKER", "OutboxTicketSystem", "TicketRef", "TicketSystem", "WriteBackError",
@@ -58,36 +59,18 @@ def suggestion_labels(s: Suggestion) -> list[str]:
     return []
 
 
-def _clean(text: str, system: str, width: int = 200) -> str:
-    """Ticket or incident text made inert: no mentions, no markup breaking out of code spans."""
-    text = " ".join(text.split())
-    text = text if len(text) <= width else text[:width - 3] + "..."
-    text = text.replace("@", "@\u200b")
-    return text.replace("`", "'") if system == "github" else text.replace("{", "(").replace("}", ")")
-
-
-PLAIN_HTTPS = re.compile(r"https://[A-Za-z0-9.-]+(?:/[A-Za-z0-9._~%/+-]*)?")
-"""An address that may be linked in a comment: https, and no character that could end a Markdown or
-Jira link, open another one or carry a query."""
-
-
-def _thread_link(source: str, system: str) -> str:
-    """A link to where a similar incident was reported (a public thread, the team's tracker), or ""
-    when its source is not a plain https address."""
-    if not PLAIN_HTTPS.fullmatch(source or ""):
-        return ""
-    return f" [thread]({source})" if system == "github" else f" [thread|{source}]"
-
-
 def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "github",
-                   added: list[str] | tuple[str, ...] = ()) -> str:
+                   added: list[str] | tuple[str, ...] = (), link_hosts: Iterable[str] = ()) -> str:
     """The pmkb comment for a ticket: GitHub Markdown, or Jira wiki markup when ``system="jira"``.
 
     ``threshold_note`` adds a closing line explaining that labels are applied only above the
     confidence threshold. ``added`` are the labels pmkb itself put on the ticket; a last line
-    records them (hidden on GitHub) for ``labels_added_by_pmkb``.
+    records them (hidden on GitHub) for ``labels_added_by_pmkb``. Every text that comes from the
+    knowledge base, the ticket or a model is rendered inert (``kb.tickets.markup``); a similar
+    incident links its thread only when the source is on one of ``link_hosts``.
     """
     s, gh = suggestion, system == "github"
+    text = lambda t, width=200: inert(t, system, width)  # noqa: E731
     code = (lambda t: f"`{t}`") if gh else (lambda t: "{{" + t + "}}")
     bold = (lambda t: f"**{t}**") if gh else (lambda t: f"*{t}*")
     lines = [GITHUB_MARKER if gh else JIRA_MARKER]
@@ -100,7 +83,7 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
                      "so no labels were applied. Candidates:")
         lines += [f"{'1.' if gh else '#'} {code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates]
     else:
-        lines.append(f"{heading}pmkb suggestion: {s.root_cause_name} ({code(s.root_cause)}, "
+        lines.append(f"{heading}pmkb suggestion: {text(s.root_cause_name, 100)} ({code(s.root_cause)}, "
                      f"{s.root_cause_dimension}) at {s.root_cause_confidence:.0%}")
         others = ", ".join(f"{code(c.id)} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
         if others:
@@ -110,38 +93,39 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
                      + ", ".join(f"{code(m.id)} ({m.dimension})" for m in s.root_cause_set))
     if s.close_call:
         first, second = s.close_call.causes
-        lines.append(f"{bold('To decide:')} {_clean(s.close_call.question, system, 400)} "
-                     f"{code(first)}: {_clean(s.close_call.answers[first], system, 300)} "
-                     f"{code(second)}: {_clean(s.close_call.answers[second], system, 300)}")
-    suspect = ", ".join(f"{k} {_clean(v, system, 60)}" for k, v in (s.suspect or {}).items())
+        lines.append(f"{bold('To decide:')} {text(s.close_call.question, 400)} "
+                     f"{code(first)}: {text(s.close_call.answers[first], 300)} "
+                     f"{code(second)}: {text(s.close_call.answers[second], 300)}")
+    suspect = ", ".join(f"{k} {text(v, 60)}" for k, v in (s.suspect or {}).items())
     lines.append(f"{bold('Symptom:')} {code(s.symptom)} {s.symptom_confidence:.0%}. "
                  f"{bold('Retry safe:')} {'yes' if s.retry_safe else 'no'}"
                  + (f". {bold('Suspect:')} {suspect}" if suspect else ""))
     if s.node_history:
-        lines.append(f"{bold('Seen before:')} {_clean(s.node_history.summary(), system, 600)}")
+        lines.append(f"{bold('Seen before:')} {text(s.node_history.summary(), 600)}")
     labels = suggestion_labels(s)
     lines.append(f"{bold('Labels:')} " + (" ".join(code(label) for label in labels) if labels else "none"))
     if s.explanation:
-        lines += ["", _clean(s.explanation, system, 600)]
+        lines += ["", text(s.explanation, 600)]
     bullet = "-" if gh else "*"
     if s.evidence:
         lines += ["", bold("Evidence")]
-        lines += [f"{bullet} {code(e.signal)}: {code(_clean(e.text, system, 160))} -> {e.points_to}: "
-                  f"{_clean(e.explanation, system)}" for e in s.evidence[:6]]
+        lines += [f"{bullet} {code(inert_code(e.signal, system, 80))}: {code(inert_code(e.text, system))} -> "
+                  f"{text(e.points_to, 80)}: {text(e.explanation)}" for e in s.evidence[:6]]
     if s.similar_incidents:
         lines += ["", bold("Similar incidents")]
-        lines += [f"{bullet} {bold(_clean(h.id, system, 80))} ({h.score:.2f}): {_clean(h.title, system, 120)} "
-                  f"({h.root_cause or 'unlabelled'} -> {h.mitigation or '-'}){_thread_link(h.source, system)}"
+        lines += [f"{bullet} {bold(text(h.id, 80))} ({h.score:.2f}): {text(h.title, 120)} "
+                  f"({text(h.root_cause or 'unlabelled', 60)} -> {text(h.mitigation or '-', 60)})"
+                  f"{thread_link(h.source, system, link_hosts)}"
                   for h in s.similar_incidents]
     if s.mitigations:
         lines += ["", bold("Mitigation")]
         for m in s.mitigations:
-            seen = f" (as in {', '.join(m.from_incidents[:3])})" if m.from_incidents else ""
+            seen = f" (as in {', '.join(text(i, 80) for i in m.from_incidents[:3])})" if m.from_incidents else ""
             lines.append(f"{'1.' if gh else '#'} {bold(m.id)} {m.confidence:.0%}: "
-                         f"{_clean(m.next_step, system, 300)}{seen}")
+                         f"{text(m.next_step, 300)}{seen}")
     if s.low_gpu_utilisation:
         lines += ["", bold("Low GPU utilisation checks")]
-        lines += [f"{bullet} {h.name}: {_clean(h.fix, system, 300)}" for h in s.low_gpu_utilisation]
+        lines += [f"{bullet} {text(h.name, 100)}: {text(h.fix, 300)}" for h in s.low_gpu_utilisation]
     footer = [s.trace.get("engine", "pmkb"), "this comment is updated when the ticket changes"]
     if threshold_note and s.root_cause_set:
         level = s.set_level if s.label_set is None else s.label_level
@@ -169,8 +153,9 @@ def labels_added_by_pmkb(body: str) -> list[str]:
     return match.group(1).split() if match else []
 
 
-def write_suggestion(system: TicketSystem, suggestion: Suggestion) -> dict:
+def write_suggestion(system: TicketSystem, suggestion: Suggestion, link_hosts: Iterable[str] = ()) -> dict:
     """Label the ticket and create or update the one pmkb comment on it; returns what was done.
+    The comment links a similar incident's thread only on ``link_hosts``.
 
     Raises WriteBackError when a call fails (see its ``retryable`` and ``retry_after``).
     """
@@ -184,7 +169,7 @@ def write_suggestion(system: TicketSystem, suggestion: Suggestion) -> dict:
     removed = [x for x in ours if x in on_ticket and x not in labels]
     system.change_labels(add, removed)
     body = render_comment(suggestion, threshold_note=True, system=ref.system,
-                          added=[x for x in labels if x in add or x in ours])
+                          added=[x for x in labels if x in add or x in ours], link_hosts=link_hosts)
     if existing and existing.get("body") == body:
         outcome, comment_id = "unchanged", existing["id"]
     elif existing:
@@ -201,13 +186,13 @@ def write_back(settings: Settings, ref: TicketRef, suggestion: Suggestion, outbo
                client: httpx.Client | None = None) -> dict:
     """``write_suggestion`` on the ticket's system: GitHub or Jira over ``client`` (one of its own
     when None), or a dry run into ``outbox`` (or ``settings.writeback_outbox``) when one is set."""
-    outbox = outbox or settings.writeback_outbox
+    outbox, hosts = outbox or settings.writeback_outbox, settings.link_hosts(ref.system)
     if outbox is not None:
-        return write_suggestion(OutboxTicketSystem(Path(outbox), ref), suggestion)
+        return write_suggestion(OutboxTicketSystem(Path(outbox), ref), suggestion, hosts)
     own_client = client is None
     client = client or httpx.Client()
     try:
-        return write_suggestion(ticket_api(settings, ref, client), suggestion)
+        return write_suggestion(ticket_api(settings, ref, client), suggestion, hosts)
     finally:
         if own_client:
             client.close()
