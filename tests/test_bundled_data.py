@@ -82,32 +82,18 @@ def test_no_bundled_report_copies_an_evaluation_ticket(bundled):
     assert copied == []
 
 
-GITHUB_THREAD = re.compile(r"github\.com/([^/\s]+)/([^/\s]+)/(?:issues|pull|discussions)/(\d+)", re.I)
-
-
-def thread(url: str) -> tuple[str, str, str] | None:
-    """(owner, repository, number) of a GitHub issue or pull-request address; None for anything else."""
-    found = GITHUB_THREAD.search(url or "")
-    return (found[1].lower(), found[2].lower(), found[3]) if found else None
-
-
-def test_thread_reads_issue_and_pull_request_addresses_alike():
-    assert thread("https://github.com/NVIDIA/nccl/issues/905") == ("nvidia", "nccl", "905")
-    assert thread("github.com/nvidia/NCCL/pull/905 (comment)") == ("nvidia", "nccl", "905")
-    assert thread("pmkb-bundled") is None
-
-
 def test_reports_of_public_incidents_cite_their_thread_once_and_none_is_an_evaluation_ticket(bundled):
     incidents, _ = bundled
     public = [i for i in incidents if i.source != BUNDLED_SOURCE]
     assert public, "the bundled reports include reports of public incidents"
-    threads = Counter(thread(i.source) for i in public)
-    assert None not in threads and [t for t, n in threads.items() if n > 1] == []
+    assert all(i.source.startswith("https://") for i in public), "a public report cites its thread's address"
+    threads = Counter(thread_key(i.source) for i in public)
+    assert [t for t, n in threads.items() if n > 1] == []
     assert all(is_bundled(i) for i in public)  # kept out of node history
     dev_file = shared_file("data/dev_incidents.jsonl")  # skips on a clone without ../shared
-    held_out = {thread(json.loads(line)["source"]) for line in dev_file.read_text(encoding="utf-8").splitlines()
+    held_out = {thread_key(json.loads(line)["source"]) for line in dev_file.read_text(encoding="utf-8").splitlines()
                 if line.strip()}
-    assert [i.id for i in public if thread(i.source) in held_out] == []
+    assert [i.id for i in public if thread_key(i.source) in held_out] == []
 
 
 HELD_OUT_HEADER = "# Held-out threads"
