@@ -51,7 +51,7 @@ def test_a_cached_classifier_predicts_exactly_as_the_fitted_one(trained, tmp_pat
     path = tmp_path / CACHE_FILE
     save_classifiers(path, "digest", fitted)
     loaded = load_classifiers(path, "digest")
-    assert loaded is not None and set(loaded) == set(fitted) == {"root_cause", "symptom"}
+    assert loaded is not None and set(loaded) == set(fitted) == {"root_cause", "symptom", "scope", "change"}
     incidents, vectors = trained.calibrator.training_set(trained.snapshot().incidents)
     texts = [TICKET.text()] + [i.text() for i in incidents[:10]]
     vectors = np.vstack([trained.kb.embedder.embed_query(TICKET.text()), vectors[:10]])

@@ -32,6 +32,9 @@ class CloseCall(BaseModel):
     causes: tuple[Text, Text]  # two different root-cause ids, in no particular order
     question: Text  # what to check, answerable in minutes on the cluster
     answers: dict[str, Text]  # for each of the two causes, the answer that points to it
+    # For a cause of the pair, the ticket readings ("scope:many_users", "change:platform_change")
+    # that already give its answer; the engine weighs each by how often it held in the knowledge base.
+    settled_by: dict[str, list[Annotated[str, StringConstraints(pattern=r"^[a-z]+:[a-z][a-z0-9_]*$")]]] = {}
 
     @field_validator("causes", mode="before")
     @classmethod
@@ -48,6 +51,12 @@ class CloseCall(BaseModel):
         if set(self.answers) != {first, second}:
             raise ValueError(f"answers must name exactly the causes {first!r} and {second!r}, "
                              f"not {', '.join(repr(a) for a in self.answers) or 'none'}")
+        if not set(self.settled_by) <= {first, second}:
+            raise ValueError(f"settled_by may name only the causes {first!r} and {second!r}, "
+                             f"not {', '.join(repr(a) for a in set(self.settled_by) - {first, second})}")
+        overlap = set(self.settled_by.get(first, [])) & set(self.settled_by.get(second, []))
+        if overlap:
+            raise ValueError(f"settled_by gives {', '.join(sorted(overlap))} as the answer for both causes")
         return self
 
     @property

@@ -11,14 +11,14 @@ import os
 from contextvars import ContextVar
 from importlib.resources import files
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
-    NoDecode,
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     # Close calls: the question that decides between two easily confused root causes; a team may
     # point this at its own file.
     close_calls: Path = DATA_DIR / "close_calls.yaml"
+    # Readings taken from every ticket (scope, change): their vocabulary, and the bundled reports'
+    # labelled readings the reader learns from. A team may point these at its own files.
+    readings: Path = DATA_DIR / "readings.yaml"
+    reading_labels: Path = DATA_DIR / "reading_labels.jsonl"
     # Classifier weights used until a knowledge base has its own (`pmkb calibrate`).
     default_calibration: Path = DATA_DIR / "calibration.json"
     # Bundled incident reports used to build an empty knowledge base.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
+from kb.core.readings import Reading
 
 
 class Evidence(BaseModel):
@@ -120,6 +122,8 @@ class Ticket(BaseModel):
     title: str = ""
     description: str = ""
     log: str = ""  # optional log excerpt pasted by the reporter
+    # The engineer's answer to the suggestion's close-call question: the cause the answer points to.
+    close_call_answer: str | None = None
 
     @field_validator("id", mode="before")
     @classmethod
@@ -149,6 +153,9 @@ class CloseCallQuestion(BaseModel):
     causes: list[str]  # the two causes, the engine's more likely first
     question: str
     answers: dict[str, str]  # cause -> the answer that points to it
+    answered: str | None = None  # the cause the answer points to, when the question is answered
+    answered_by: Reading | None = None  # the reading (and its words) that answered it from the ticket's text
+    answered_from: Literal["ticket", "engineer"] | None = None  # who answered it
 
 
 class Suggestion(BaseModel):
@@ -175,6 +182,7 @@ class Suggestion(BaseModel):
     label_set: list[Candidate] | None = None
     label_level: float | None = None
     close_call: CloseCallQuestion | None = None  # the question that decides between the set's top two causes
+    readings: list[Reading] = Field(default_factory=list)  # scope and change read from the ticket, with their words
     abstained: bool  # not sure enough to label: see abstain_reason
     abstain_reason: str | None = None  # LOW_CONFIDENCE or TOO_LITTLE_TEXT when abstained
     mitigation: str  # first of the ranked mitigations
@@ -200,6 +208,9 @@ def explain(s: Suggestion) -> str:
                      "below the abstain threshold.")
     else:
         parts.append(f"Most likely {s.root_cause} ({s.root_cause_dimension}) at {s.root_cause_confidence:.0%}.")
+    pointing = [r for r in s.readings if r.points_to and r.confidence >= 0.5]
+    if pointing:
+        parts.append(" ".join(f"{r.kind.capitalize()}: {r.name} -> {r.points_to}." for r in pointing))
     if s.evidence:
         parts.append("Evidence: " + "; ".join(f"{e.signal} -> {e.points_to}" for e in s.evidence[:3]) + ".")
     same = [h.id for h in s.similar_incidents if h.root_cause == s.root_cause]

@@ -8,17 +8,21 @@ weights shipped with pmkb, else fitted on first use).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from kb.core.incidents import Incident, Provenance
+from kb.core.readings import KINDS, ReadingLabel, ReadingsError, ReadingVocabulary, load_labels, load_vocabulary
 from kb.engine.classify import Calibration, LabelFeatures, fit_weights, predict
 from kb.engine.conformal import SetCalibration
 from kb.engine.knowledge import KnowledgeBase
+from kb.engine.readings import reading_spans, reading_truths
 from kb.engine.textclf import (
     CACHE_FILE,
     TextClassifier,
@@ -56,13 +60,40 @@ class Calibrator:
         """Where the trained text classifiers of this knowledge base are cached."""
         return self.settings.home / CACHE_FILE
 
+    @cached_property
+    def readings(self) -> tuple[ReadingVocabulary, dict[str, ReadingLabel]] | None:
+        """The readings vocabulary and the labelled readings the reader learns from; None (said in
+        the log) when either file cannot be used, and the suggestions go without readings."""
+        try:
+            vocabulary = load_vocabulary(self.settings.readings, self.kb.taxonomy)
+            return vocabulary, load_labels(self.settings.reading_labels, vocabulary)
+        except (OSError, ReadingsError) as exc:
+            log.warning("scope and change readings are off: %s. Point PMKB_READINGS and PMKB_READING_LABELS at "
+                        "files that fit this taxonomy (data/readings.yaml shows the format)", exc)
+            return None
+
     def label_sets(self) -> dict[str, list[str]]:
-        """The labels each classifier chooses among, by incident field."""
-        return {"root_cause": self.kb.taxonomy.cause_ids, "symptom": self.kb.taxonomy.symptom_ids}
+        """The labels each classifier chooses among: incident fields, then the readings."""
+        sets = {"root_cause": self.kb.taxonomy.cause_ids, "symptom": self.kb.taxonomy.symptom_ids}
+        if self.readings is not None:
+            sets |= {kind: self.readings[0].ids(kind) for kind in KINDS}
+        return sets
+
+    def training_samples(self, incidents: list[Incident], name: str) -> tuple[list[str | None], list[str]]:
+        """(truths, second samples) of one classifier: an incident field with the full reports, or
+        a reading with the words the expert read it from."""
+        if name in KINDS and self.readings is not None:
+            labels = self.readings[1]
+            return reading_truths(incidents, labels, name), reading_spans(incidents, labels, name)
+        return [getattr(i, name) for i in incidents], [i.document() for i in incidents]
 
     def fingerprint(self, voters: list[Incident]) -> str:
-        """Digest of what classifiers trained on these incidents learn from."""
-        return training_fingerprint(voters, self.kb.embedder.model_id)
+        """Digest of what classifiers trained on these incidents learn from (the labelled readings included)."""
+        digest = hashlib.sha256(training_fingerprint(voters, self.kb.embedder.model_id).encode())
+        if self.readings is not None:
+            digest.update(self.settings.reading_labels.read_bytes())
+            digest.update(self.settings.readings.read_bytes())
+        return digest.hexdigest()
 
     def training_set(self, voters: list[Incident]) -> tuple[list[Incident], np.ndarray]:
         """The labelled voting incidents with their stored vectors."""
@@ -78,9 +109,8 @@ class Calibrator:
         if cached is not None:
             return cached
         incidents, vectors = self.training_set(voters)
-        texts, reports = [i.text() for i in incidents], [i.document() for i in incidents]
-        classifiers = {name: TextClassifier(labels).fit(texts, vectors, [getattr(i, name) for i in incidents],
-                                                        reports)
+        texts = [i.text() for i in incidents]
+        classifiers = {name: TextClassifier(labels).fit(texts, vectors, *self.training_samples(incidents, name))
                        for name, labels in self.label_sets().items()}
         try:
             save_classifiers(self.classifier_cache_path, fingerprint, classifiers)
@@ -105,8 +135,8 @@ class Calibrator:
         """Each labelled voting incident scored as an unseen ticket: (incidents, their cause
         features, their symptom features)."""
         incidents, vectors = self.training_set(voters)
-        texts, reports = [i.text() for i in incidents], [i.document() for i in incidents]
-        oof = {name: out_of_fold_log_proba(labels, texts, vectors, [getattr(i, name) for i in incidents], reports)
+        texts = [i.text() for i in incidents]
+        oof = {name: out_of_fold_log_proba(labels, texts, vectors, *self.training_samples(incidents, name))
                for name, labels in self.label_sets().items()}
         samples = [features(incident, vector, text, {name: oof[name][n] for name in oof})
                    for n, (incident, vector, text) in enumerate(zip(incidents, vectors, texts))]

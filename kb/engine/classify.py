@@ -3,12 +3,13 @@
 For each label (root cause or symptom) the score is a weighted sum of four features,
 
     logit = w_evidence * E + w_vote * V + w_taxonomy * T + w_nearest * N + w_prior * log(prior)
-            + w_text * log(p_text)
+            + w_text * log(p_text) + w_reading * R
 
 where E is the summed signature weight, V the neighbours' similarity-weighted vote, T the
 standardised similarity to the category's taxonomy entry, N the similarity of the closest
-incident with that label, and p_text a text classifier's probability (kb/engine/textclf.py); a softmax
-turns the logits into probabilities. The six weights are fitted by maximum likelihood on
+incident with that label, p_text a text classifier's probability (kb/engine/textclf.py) and R
+how much the ticket's scope and change readings favour the label (kb/engine/readings.py; root
+causes only); a softmax turns the logits into probabilities. The seven weights are fitted by maximum likelihood on
 labelled incidents (leave-one-out over the knowledge base), which also calibrates the
 probabilities; ``pmkb eval`` measures the calibration (ECE) on held-out tickets.
 """
@@ -26,9 +27,9 @@ from kb.core.suggestion import Evidence, SimilarIncident
 from kb.engine.conformal import SetCalibration
 from kb.engine.evidence import evidence_scores
 
-FEATURES = ("evidence", "vote", "taxonomy", "nearest", "prior", "text")
+FEATURES = ("evidence", "vote", "taxonomy", "nearest", "prior", "text", "reading")
 BOUNDS = {"evidence": (0, 10), "vote": (0, 20), "taxonomy": (0, 5), "nearest": (0, 20), "prior": (0, 3),
-          "text": (0, 5)}
+          "text": (0, 5), "reading": (0, 5)}
 
 
 class Weights(BaseModel):
@@ -42,6 +43,7 @@ class Weights(BaseModel):
     nearest: float = 2.0
     prior: float = 0.1
     text: float = 1.0
+    reading: float = 0.0  # weights fitted before readings existed leave them out
 
     def as_array(self) -> np.ndarray:
         """Weights in feature order."""
@@ -115,7 +117,8 @@ def nearest_similarity(similar: list[SimilarIncident], labels: list[str], field:
 
 def build_features(labels: list[str], evidence: list[Evidence], similar: list[SimilarIncident],
                    taxonomy_sims: dict[str, float], priors: dict[str, float], field: str,
-                   text_log_proba: np.ndarray | None = None, votes_from: int = 8) -> LabelFeatures:
+                   text_log_proba: np.ndarray | None = None, votes_from: int = 8,
+                   reading: np.ndarray | None = None) -> LabelFeatures:
     """Assemble the features (in FEATURES order) for every label."""
     ev_field = "causes" if field == "root_cause" else "symptoms"
     ev = evidence_scores(evidence, labels, ev_field)
@@ -124,7 +127,8 @@ def build_features(labels: list[str], evidence: list[Evidence], similar: list[Si
     tax = standardise({label: taxonomy_sims.get(label, 0.0) for label in labels})
     prior = {label: np.log(priors.get(label, 0.0) + 1e-3) for label in labels}
     text = text_log_proba if text_log_proba is not None else np.full(len(labels), -np.log(len(labels)))
-    matrix = np.array([[ev[label], votes[label], tax[label], near[label], prior[label], text[n]]
+    read = reading if reading is not None and len(reading) == len(labels) else np.zeros(len(labels))
+    matrix = np.array([[ev[label], votes[label], tax[label], near[label], prior[label], text[n], read[n]]
                        for n, label in enumerate(labels)])
     return LabelFeatures(labels, matrix)
 

@@ -25,6 +25,7 @@ from kb.engine.calibrate import Calibrator
 from kb.engine.history import node_index
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import cause_mitigations
+from kb.engine.readings import reading_table
 from kb.engine.textclf import TextClassifier
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class CorpusSnapshot:
     mitigations: dict[str, dict[str, float]]  # cause -> how its incidents were mitigated
     classifiers: Classifiers  # incident field -> trained text classifier
     fingerprint: str  # digest of the incidents the classifiers were trained on
+    readings: dict = field(default_factory=dict)  # reading -> (values, causes) P(cause | value) / P(cause)
     nodes: Callable[[], dict[str, list[Incident]]] = field(repr=False, default=dict)
     """The node index (all incidents, labelled or not), computed on first use: most tickets name no node."""
 
@@ -98,6 +100,8 @@ class Snapshots:
             priors={"root_cause": label_priors(voters, "root_cause", tax.cause_ids),
                     "symptom": label_priors(voters, "symptom", tax.symptom_ids)},
             mitigations=cause_mitigations(tax, voters),
+            readings=({} if self.calibrator.readings is None else
+                      reading_table(voters, self.calibrator.readings[1], self.calibrator.readings[0], tax.cause_ids)),
             nodes=functools.cache(lambda: node_index(self.kb.store.incidents())))
 
     def _refit_later(self, voters: list[Incident], fingerprint: str) -> None:

@@ -1,4 +1,4 @@
-"""The suggestion engine: ticket -> redact -> embed -> retrieve -> evidence -> classify -> Suggestion."""
+"""The suggestion engine: ticket -> redact -> embed -> retrieve -> evidence -> read -> classify -> settle."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -14,10 +14,12 @@ from kb import __version__
 from kb.core.abstain import label_decision, says_too_little
 from kb.core.close_calls import CloseCalls, CloseCallsError, load_close_calls
 from kb.core.incidents import Incident, trim_middle
+from kb.core.readings import Reading
 from kb.core.redact import redact
 from kb.core.roles import Retriever
 from kb.core.suggestion import (
     Candidate,
+    CloseCallQuestion,
     EmptyTicket,
     Evidence,
     NodeHistory,
@@ -34,8 +36,10 @@ from kb.engine.evidence import find_evidence, find_suspect, load_signatures
 from kb.engine.history import node_history
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import low_utilisation_hints, rank_mitigations, wants_low_utilisation_hints
+from kb.engine.readings import Reader, reading_feature
 from kb.engine.search import VotingRetriever
-from kb.engine.sets import prediction_sets
+from kb.engine.sets import close_call, prediction_sets
+from kb.engine.settle import AnswerOdds, answer_odds, settle, settle_by_engineer
 from kb.engine.snapshot import CorpusSnapshot, Snapshots
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,17 @@ MAX_TICKET_CHARS = 12_000
 """Ticket text beyond this is trimmed in the middle for embedding (evidence is found on all of it)."""
 
 
+
+
+class Ranked(NamedTuple):
+    """What the engine reads and ranks for one ticket, before it is assembled into a Suggestion."""
+
+    evidence: list[Evidence]
+    similar: list[SimilarIncident]
+    causes: list[tuple[str, float]]  # every root cause, best first
+    symptoms: list[tuple[str, float]]
+    readings: list[Reading]
+    answered: CloseCallQuestion | None  # the close call the ticket's readings answered, if any
 
 
 @dataclass
@@ -72,6 +87,8 @@ class SuggestionEngine:
         self.calibrator = Calibrator(kb)
         self._calibration = calibration
         self.snapshots = Snapshots(self.retriever, kb, self.calibrator, refit_in_background)
+        self.settle_close_calls = True  # a close call the ticket's readings answer moves the ranking
+        self._odds: tuple[list[Incident], AnswerOdds] | None = None
 
     @cached_property
     def signatures(self):
@@ -136,6 +153,11 @@ class SuggestionEngine:
         """How each root cause's incidents in this knowledge base were mitigated (smoothed)."""
         return self.snapshot().mitigations
 
+    def reader(self, snapshot: CorpusSnapshot | None = None) -> Reader | None:
+        """The scope and change reader of a snapshot's classifiers (None when readings are off)."""
+        readings = self.calibrator.readings
+        return None if readings is None else Reader(readings[0], (snapshot or self.snapshot()).classifiers)
+
     def node_history(self, node: str, exclude: set[str] | None = None,
                      snapshot: CorpusSnapshot | None = None) -> NodeHistory | None:
         """Earlier incidents of the knowledge base, labelled or not, that name ``node`` (indexed
@@ -149,11 +171,19 @@ class SuggestionEngine:
         if text_log_proba is None:
             text_log_proba = {name: c.log_proba([text], vector[None, :])[0]
                               for name, c in snapshot.classifiers.items()}
+        reading = (reading_feature(self.reader(snapshot).distributions(text_log_proba), snapshot.readings)
+                   if snapshot.readings else None)
         cause_f = build_features(tax.cause_ids, evidence, similar, _cosine_map(vector, vectors, "cause:"),
-                                 snapshot.priors["root_cause"], "root_cause", text_log_proba["root_cause"])
+                                 snapshot.priors["root_cause"], "root_cause", text_log_proba["root_cause"],
+                                 reading=reading)
         symptom_f = build_features(tax.symptom_ids, evidence, similar, _cosine_map(vector, vectors, "symptom:"),
                                    snapshot.priors["symptom"], "symptom", text_log_proba["symptom"])
         return cause_f, symptom_f
+
+    @staticmethod
+    def _text_log_proba(snapshot: CorpusSnapshot, text: str, vector: np.ndarray) -> dict[str, np.ndarray]:
+        """Every text classifier's log-probabilities for one text (causes, symptoms, readings)."""
+        return {name: c.log_proba([text], vector[None, :])[0] for name, c in snapshot.classifiers.items()}
 
     def _left_out_features(self, snapshot: CorpusSnapshot):
         """The pipeline's features for a labelled incident scored as an unseen ticket."""
@@ -232,7 +262,7 @@ class SuggestionEngine:
         ``suggest_batch``): what the prediction sets at any level are cut from."""
         snapshot = self.snapshot()
         prepared = [self.prepare(ticket) for ticket in tickets]
-        return [self._ranked(snapshot, p, vector, dense=pool, text_log_proba=text)[2]
+        return [self._ranked(snapshot, p, vector, dense=pool, text_log_proba=text).causes
                 for p, (vector, pool, text) in zip(prepared, self._batch_inputs(prepared))]
 
     def _batch_inputs(self, prepared: list[PreparedTicket]):
@@ -244,14 +274,46 @@ class SuggestionEngine:
 
     def _ranked(self, snapshot: CorpusSnapshot, prepared: PreparedTicket, vector: np.ndarray,
                 exclude: set[str] | None = None, dense: dict[str, float] | None = None,
-                text_log_proba: dict[str, np.ndarray] | None = None):
-        """Evidence, similar incidents and the ranked root causes and symptoms of a prepared ticket."""
+                text_log_proba: dict[str, np.ndarray] | None = None) -> Ranked:
+        """Evidence, similar incidents, readings and the ranked root causes and symptoms of a
+        prepared ticket; a close call the ticket's own readings answer has already moved the ranking."""
+        if text_log_proba is None:
+            text_log_proba = self._text_log_proba(snapshot, prepared.query, vector)
         evidence = find_evidence(prepared.text, self.signatures)
         similar = self.retriever.retrieve_similar(prepared.query, k=self.settings.neighbours, query_vector=vector,
                                                   exclude=exclude, dense=dense)
         cause_f, symptom_f = self._features(snapshot, prepared.query, vector, similar, evidence, text_log_proba)
-        return (evidence, similar, predict(cause_f, self.calibration.root_cause),
-                predict(symptom_f, self.calibration.symptom))
+        causes = predict(cause_f, self.calibration.root_cause)
+        reader = self.reader(snapshot)
+        readings = reader.read(prepared.text, vector, text_log_proba) if reader is not None else []
+        causes, answered = self._settle(snapshot, causes, readings, prepared.ticket.close_call_answer)
+        return Ranked(evidence, similar, causes, predict(symptom_f, self.calibration.symptom), readings, answered)
+
+    def _settle(self, snapshot: CorpusSnapshot, causes: list[tuple[str, float]], readings: list[Reading],
+                answer: str | None = None):
+        """The ranking after the engineer's ``answer`` or the ticket's readings answer its close call
+        (``kb.engine.settle``), with the answered question; unchanged and None when neither does."""
+        set_calibration = self.calibration.root_cause_set
+        if set_calibration is None or not (answer or readings and self.settle_close_calls):
+            return causes, None
+        question = close_call(self.kb.taxonomy, self.close_calls, causes,
+                              set_calibration.predict(causes, self.settings.set_alpha))
+        if question is None:
+            return causes, None
+        if answer in question.causes:
+            return settle_by_engineer(causes, question, answer)
+        if not self.settle_close_calls:
+            return causes, None
+        return settle(causes, question, self.close_calls, readings, self._answer_odds(snapshot))
+
+    def _answer_odds(self, snapshot: CorpusSnapshot) -> AnswerOdds:
+        """How far each ``settled_by`` reading is trusted in this snapshot's knowledge base (computed once)."""
+        cached = self._odds
+        if cached is None or cached[0] is not snapshot.incidents:
+            labels = self.calibrator.readings[1] if self.calibrator.readings is not None else {}
+            cached = (snapshot.incidents, answer_odds(self.close_calls, snapshot.incidents, labels))
+            self._odds = cached  # one assignment: a snapshot's incidents and their odds together
+        return cached[1]
 
     def dense_candidates(self, vectors: np.ndarray) -> list[dict[str, float] | None]:
         """Dense candidate pools for many query vectors in one store call (None: fetch per ticket)."""
@@ -276,7 +338,8 @@ class SuggestionEngine:
         started = time.perf_counter() if started is None else started
         ticket, text = prepared.ticket, prepared.text
         snapshot = self.snapshot()
-        evidence, similar, causes, symptoms = self._ranked(snapshot, prepared, vector, exclude, dense, text_log_proba)
+        evidence, similar, causes, symptoms, readings, answered = self._ranked(
+            snapshot, prepared, vector, exclude, dense, text_log_proba)
         top_cause, top_p = causes[0]
         tax = self.kb.taxonomy
         cause = tax.root_cause(top_cause)
@@ -289,6 +352,9 @@ class SuggestionEngine:
                     if wants_low_utilisation_hints(tax, symptoms[0][0], evidence) else [])
         sets = prediction_sets(self.calibration, tax, self.close_calls, self.settings.set_alpha, causes, symptoms,
                                self.settings.label_alpha)
+        if answered is not None and (sets.get("close_call") is None or set(sets["close_call"].causes) == set(
+                answered.causes)):
+            sets["close_call"] = answered  # the question the ticket answered, with the words that did
         decision = label_decision(top_p, cause.retry_safe, self.settings.abstain_threshold,
                                   says_too_little(text, bool(evidence), self.settings.min_ticket_words))
         suggestion = Suggestion(
@@ -299,7 +365,7 @@ class SuggestionEngine:
             root_cause_candidates=[Candidate(id=c, confidence=round(p, 4)) for c, p in causes[:5]],
             mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
             mitigations=mitigations[:4], suspect=suspect, **decision, **sets,
-            node_history=history,
+            node_history=history, readings=readings,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace=self.describe())
         suggestion.explanation = explain(suggestion)

@@ -66,11 +66,12 @@ class TextClassifier:
         return hstack([*parts, csr_matrix(np.asarray(vectors))]).tocsr()
 
     def fit(self, texts: list[str], vectors: np.ndarray, truths: list[str],
-            reports: list[str] | None = None) -> "TextClassifier":
+            extra_texts: list[str] | None = None) -> "TextClassifier":
         """Train on labelled texts (labels outside ``self.labels`` are ignored).
 
-        ``reports``: each incident's full report (ticket and resolution), added as a second sample
-        of the same label with weight ``REPORT_WEIGHT`` (and the ticket's vector).
+        ``extra_texts``: a second text of each sample, added with the same label at weight
+        ``REPORT_WEIGHT`` (and the ticket's vector): an incident's full report (ticket and
+        resolution) for causes and symptoms, the words an expert read a reading from for readings.
         """
         from sklearn.linear_model import LogisticRegression
 
@@ -82,10 +83,10 @@ class TextClassifier:
         vectors = np.asarray(vectors)
         rows, weights = keep, [1.0] * len(keep)
         sample_texts = [texts[i] for i in keep]
-        if reports is not None:
-            extra = [i for i in keep if reports[i] and reports[i] != texts[i]]
+        if extra_texts is not None:
+            extra = [i for i in keep if extra_texts[i] and extra_texts[i] != texts[i]]
             rows, weights = keep + extra, weights + [REPORT_WEIGHT] * len(extra)
-            sample_texts += [reports[i] for i in extra]
+            sample_texts += [extra_texts[i] for i in extra]
             y = np.concatenate([y, [self.labels.index(truths[i]) for i in extra]]).astype(int)
         matrix = self._matrix(sample_texts, vectors[rows], fit=True)
         with warnings.catch_warnings():  # convergence warnings: a loose fit is enough for ranking
@@ -151,7 +152,7 @@ class TextClassifier:
 
 
 def out_of_fold_log_proba(labels: list[str], texts: list[str], vectors: np.ndarray, truths: list[str],
-                          reports: list[str] | None = None, folds: int = 5, seed: int = 0) -> np.ndarray:
+                          extra_texts: list[str] | None = None, folds: int = 5, seed: int = 0) -> np.ndarray:
     """Log-probabilities for each text from a classifier that did not see it (k-fold)."""
     rng = np.random.default_rng(seed)
     assignment = rng.permutation(len(texts)) % folds
@@ -161,7 +162,7 @@ def out_of_fold_log_proba(labels: list[str], texts: list[str], vectors: np.ndarr
         train = np.where(assignment != fold)[0]
         test = np.where(assignment == fold)[0]
         clf = TextClassifier(labels).fit([texts[i] for i in train], vectors[train], [truths[i] for i in train],
-                                         None if reports is None else [reports[i] for i in train])
+                                         None if extra_texts is None else [extra_texts[i] for i in train])
         out[test] = clf.log_proba([texts[i] for i in test], vectors[test])
     return out
 
