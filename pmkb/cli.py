@@ -270,10 +270,15 @@ def render_card(s) -> str:
         others = ", ".join(f"{c.id} {c.confidence:.0%}" for c in s.root_cause_candidates[1:3])
         lines.append(f"  next candidates: {others}" + (f"  (alone in the {s.set_level:.0%} prediction set)"
                                                         if s.root_cause_set else ""))
-    if s.close_call:
+    if s.close_call and s.close_call.answered:
+        how = f'the ticket says "{s.close_call.answered_by.span}"' if s.close_call.answered_by else "answered"
+        lines.append(f"  answered: {s.close_call.question}")
+        lines.append(f"    {how} -> {s.close_call.answered}: {s.close_call.answers[s.close_call.answered]}")
+    elif s.close_call:
         first, second = s.close_call.causes
         lines.append(f"  to decide: {s.close_call.question}")
         lines += [f"    {c}: {s.close_call.answers[c]}" for c in (first, second)]
+    lines += [r.describe() for r in s.readings]
     lines.append(f"symptom: {s.symptom} {s.symptom_confidence:.0%}")
     lines.append(f"retry safe: {'yes' if s.retry_safe else 'no'}"
                  + (f"   suspect: {', '.join(f'{k} {v}' for k, v in s.suspect.items())}" if s.suspect else ""))
@@ -347,11 +352,14 @@ def eval_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write all figures as JSON here."),
     llm: Optional[str] = typer.Option(None, "--llm", help="LLM backend: none | llamacpp | openai "
                                       "(overrides PMKB_LLM)."),
+    levers: bool = typer.Option(False, "--levers", help="Also rerun with the readings off and against the "
+                                "written or public bundled reports alone (fits two knowledge bases: minutes)."),
 ) -> None:
     """Evaluate the engine on labelled tickets, with baselines, against the knowledge base.
 
     With --llm, the same tickets also go through the LLM-assisted suggester and both sets of
-    figures (and latencies) are printed side by side.
+    figures (and latencies) are printed side by side. With --levers, a table shows what the
+    readings and each kind of bundled report add.
     """
     from tqdm import tqdm
 
@@ -365,6 +373,15 @@ def eval_cmd(
     engine = open_engine(llm=check_llm(llm))
     with tqdm(total=len(cases), unit="ticket", desc="eval", file=sys.stderr) as bar:
         result = evaluate(engine, cases, progress=bar.update)
+    if levers:
+        from kb.jobs.evaluate import fill_dimensions
+        from kb.jobs.owner_eval import levers as lever_table
+
+        filled = fill_dimensions(cases, engine.kb.taxonomy)
+        echo_err("levers: the readings off, then knowledge bases of the written and of the public reports "
+                 "(each built and fitted: several minutes) ...")
+        result["levers"] = lever_table(engine, filled, lambda e: [e.suggest(c.ticket) for c in filled],
+                                       [engine.suggest(c.ticket) for c in filled])
     typer.echo(format_report(result, f"{labelled.name} against the knowledge base "
                                      f"({engine.kb.store.count()} incidents)"))
     results = {"knowledge_base": result}

@@ -280,3 +280,20 @@ def test_a_close_call_shows_its_set_and_the_question_that_decides(app_home, refe
     assert "Next candidates" not in text  # the set shows them
     decide = "\n".join(i.value for i in at.info)
     assert "To decide" in decide and escape_markdown(expected.close_call.question) in decide
+
+
+def test_answering_the_close_call_on_the_page_reranks_and_the_answer_is_audited(writable_home, reference):
+    expected = reference.suggest(Ticket(**PERMISSION_TICKET))
+    assert expected.close_call is not None and not expected.close_call.answered
+    other = expected.close_call.causes[1]
+    name = reference.kb.taxonomy.root_cause(other).name
+    at = submit(open_app(), PERMISSION_TICKET)
+    button(at, f"It is {name}").click().run()
+    assert not at.exception, at.exception
+    assert f"### {escape_markdown(name)}" in markdown(at)
+    answered = "\n".join(s.value for s in at.success)
+    assert "Answered" in answered and "you answered" in answered
+    button(at, "Save as confirmed incident").click().run()
+    record = json.loads((writable_home / AUDIT_FILE).read_text().splitlines()[-1])
+    assert record["close_call"]["answered"] == other and record["close_call"]["answered_from"] == "engineer"
+    assert record["new"]["root_cause"] == other

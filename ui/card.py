@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import streamlit as st
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT, abstain_reason
@@ -80,8 +82,9 @@ def _verdict(s: Suggestion, threshold: float, taxonomy: Taxonomy) -> None:
                 text=f"confidence {s.root_cause_confidence:.0%}")
 
 
-def _prediction_set(s: Suggestion, taxonomy: Taxonomy) -> None:
-    """"One of these N causes (90%)" with each member's dimension, and the question that decides."""
+def _prediction_set(s: Suggestion, taxonomy: Taxonomy, on_answer: Callable[[str], None] | None = None) -> None:
+    """"One of these N causes (90%)" with each member's dimension, and the question that decides:
+    answered (from the ticket's words or by the engineer), or with a button per answer."""
     if len(s.root_cause_set) < 2:
         if s.root_cause_set:
             st.caption(f"The {s.set_level:.0%} prediction set holds this cause alone.")
@@ -90,12 +93,38 @@ def _prediction_set(s: Suggestion, taxonomy: Taxonomy) -> None:
     for m in s.root_cause_set:
         st.markdown(f"- {md(_name(taxonomy, 'root_cause', m.id))} :{taxonomy.dimension_colour(m.dimension)}"
                     f"-badge[{md(m.dimension or '?')}] {m.confidence:.0%}")
-    if s.close_call:
-        first, second = s.close_call.causes
-        st.info(f"**To decide:** {md(s.close_call.question)}\n\n"
-                f"- {md(_name(taxonomy, 'root_cause', first))}: {md(s.close_call.answers[first])}\n"
-                f"- {md(_name(taxonomy, 'root_cause', second))}: {md(s.close_call.answers[second])}",
-                icon=":material/quiz:")
+    question = s.close_call
+    if question is None:
+        return
+    first, second = question.causes
+    if question.answered:
+        how = (f"the ticket says “{md(question.answered_by.span)}”" if question.answered_by
+               else "you answered")
+        st.success(f"**Answered:** {md(question.question)}\n\n{how}: "
+                   f"{md(question.answers.get(question.answered, ''))} → "
+                   f"**{md(_name(taxonomy, 'root_cause', question.answered))}**", icon=":material/quiz:")
+        return
+    st.info(f"**To decide:** {md(question.question)}\n\n"
+            f"- {md(_name(taxonomy, 'root_cause', first))}: {md(question.answers[first])}\n"
+            f"- {md(_name(taxonomy, 'root_cause', second))}: {md(question.answers[second])}",
+            icon=":material/quiz:")
+    if on_answer is not None:
+        columns = st.columns(2)
+        for column, cause in zip(columns, (first, second)):
+            column.button(f"It is {_name(taxonomy, 'root_cause', cause)}", key=f"answer-{cause}",
+                          help=question.answers[cause], on_click=on_answer, args=(cause,),
+                          icon=":material/check:")
+
+
+def _readings(s: Suggestion, taxonomy: Taxonomy) -> None:
+    """Scope and change as read from the ticket, the words they were read from, and where they point."""
+    for r in s.readings:
+        line = f"**{md(r.kind.capitalize())}:** {md(r.name)} {r.confidence:.0%}"
+        if r.span:
+            line += f", from “{md(r.span)}”"
+        if r.points_to:
+            line += f" → points to :{taxonomy.dimension_colour(r.points_to)}-badge[{md(r.points_to)}]"
+        st.markdown(line)
 
 
 def _candidates(s: Suggestion, taxonomy: Taxonomy) -> None:
@@ -164,12 +193,15 @@ def render_similar(s: Suggestion, taxonomy: Taxonomy, store: Store) -> None:
                 render_incident(incident, taxonomy)
 
 
-def render_card(shown: Suggestion, taxonomy: Taxonomy, threshold: float) -> None:
-    """Verdict, candidates, safety, mitigations and reasoning (the shown threshold already applied)."""
+def render_card(shown: Suggestion, taxonomy: Taxonomy, threshold: float,
+                on_answer: Callable[[str], None] | None = None) -> None:
+    """Verdict, candidates, safety, mitigations and reasoning (the shown threshold already applied);
+    ``on_answer(cause)`` is called when the engineer answers the close-call question."""
     with st.container(border=True):
         _verdict(shown, threshold, taxonomy)
-        _prediction_set(shown, taxonomy)
+        _prediction_set(shown, taxonomy, on_answer)
         _candidates(shown, taxonomy)
+        _readings(shown, taxonomy)
         st.markdown(f"**Symptom:** {md(_name(taxonomy, 'symptom', shown.symptom))} "
                     f"{shown.symptom_confidence:.0%}")
         _safety(shown)

@@ -53,6 +53,16 @@ def _ticket_form(res: Loaded) -> None:
                                 "round": (previous["round"] + 1) if previous else 1}
 
 
+def _answer_close_call(res: Loaded, cause: str) -> None:
+    """The engineer answered the card's close-call question: suggest again with the answer."""
+    result = st.session_state.get(RESULT)
+    if result is None:
+        return
+    ticket = result["ticket"].model_copy(update={"close_call_answer": cause})
+    result["ticket"], result["suggestion"] = ticket, _suggest(res, ticket)
+    result["round"] += 1  # a new feedback form, defaulting to the re-ranked labels
+
+
 def _ticket_text(result: dict, shown: Suggestion) -> None:
     text = redact(result["ticket"].text())
     body, marked = highlight_evidence(text, shown.evidence)
@@ -153,7 +163,7 @@ def render() -> None:
         render_evidence(shown)
         render_similar(shown, res.kb.taxonomy, res.kb.store)
     with right:
-        render_card(shown, res.kb.taxonomy, threshold)
+        render_card(shown, res.kb.taxonomy, threshold, on_answer=lambda cause: _answer_close_call(res, cause))
         _feedback(res, result)
         _chat(res, result, shown)
 

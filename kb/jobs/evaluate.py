@@ -24,6 +24,7 @@ from kb.core.suggestion import Suggestion, Ticket
 from kb.engine.classify import expected_calibration_error, neighbour_votes
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.suggest import SuggestionEngine
+from kb.jobs.owner_eval import format_owner, per_dimension, settled_figures
 from kb.jobs.set_eval import format_sets, format_sweep, level_sweep, set_figures
 
 
@@ -231,6 +232,7 @@ def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]
               "confusion": confusion(cases, preds), "symptom_confusion": confusion(cases, preds, "symptom"),
               "per_class": per_class(cases, preds), "risk_coverage": risk_coverage(cases, preds),
               "latency_ms_p50": latencies[len(latencies) // 2]}
+    result |= {"per_dimension": per_dimension(cases, preds), "settled": settled_figures(cases, preds)}
     sets = set_figures(cases, preds)
     if sets:
         result["sets"] = sets
@@ -323,6 +325,7 @@ def format_report(result: dict, title: str) -> str:
               f"| neighbour vote alone | {base['neighbour_vote']['top1']:.3f} | "
               f"{base['neighbour_vote']['macro_f1']:.3f} |",
               f"| pmkb engine | {result['figures']['top1']:.3f} | {result['figures']['macro_f1']:.3f} |"]
+    lines += format_owner(result)
     if "risk_coverage" in result:
         lines += ["", "| abstain below | coverage | precision |", "|---|---|---|"]
         lines += [f"| {row['threshold']:.1f} | {row['coverage']:.3f} | {row['precision']:.3f} |"

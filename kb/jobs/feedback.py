@@ -64,6 +64,9 @@ class FeedbackRecord(BaseModel):
     new: LabelSet  # what was saved
     changed: list[str] = Field(default_factory=list)  # labels that differ from the suggestion
     suggestion: dict = Field(default_factory=dict)  # confidence, abstained and the suggestion's trace
+    # The close-call question the card asked and how it was answered (by the engineer on the page,
+    # or from the ticket's own text), when there was one.
+    close_call: dict | None = None
 
 
 def audit_path(settings: Settings) -> Path:
@@ -104,6 +107,15 @@ def _suggestion_summary(suggestion: Suggestion) -> dict:
     return {"root_cause_confidence": suggestion.root_cause_confidence,
             "symptom_confidence": suggestion.symptom_confidence,
             "abstained": suggestion.abstained, "trace": suggestion.trace}
+
+
+def _close_call_summary(suggestion: Suggestion) -> dict | None:
+    question = suggestion.close_call
+    if question is None:
+        return None
+    return {"causes": question.causes, "question": question.question, "answered": question.answered,
+            "answered_from": question.answered_from,
+            "answered_by": question.answered_by.span if question.answered_by else None}
 
 
 def append_audit(settings: Settings, record: FeedbackRecord) -> Path:
@@ -162,7 +174,8 @@ def save_feedback(kb: KnowledgeBase, ticket: Ticket, suggestion: Suggestion, lab
     record = FeedbackRecord(at=at, reviewer=who, ticket_id=ticket.id, incident_id=incident.id,
                             action="corrected" if changed else "accepted", suggested=suggested,
                             previous=previous, new=labels, changed=changed,
-                            suggestion=_suggestion_summary(suggestion))
+                            suggestion=_suggestion_summary(suggestion),
+                            close_call=_close_call_summary(suggestion))
     append_audit(kb.settings, record)
     return record
 

@@ -91,11 +91,20 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
     if len(s.root_cause_set) > 1:
         lines.append(f"{bold(f'One of these {len(s.root_cause_set)} causes ({s.set_level:.0%}):')} "
                      + ", ".join(f"{code(m.id)} ({m.dimension})" for m in s.root_cause_set))
-    if s.close_call:
+    if s.close_call and s.close_call.answered:
+        how = (f'the ticket says "{text(s.close_call.answered_by.span, 160)}"' if s.close_call.answered_by
+               else "answered on the page")
+        lines.append(f"{bold('Answered:')} {text(s.close_call.question, 400)} {how} -> "
+                     f"{code(s.close_call.answered)}: {text(s.close_call.answers[s.close_call.answered], 300)}")
+    elif s.close_call:
         first, second = s.close_call.causes
         lines.append(f"{bold('To decide:')} {text(s.close_call.question, 400)} "
                      f"{code(first)}: {text(s.close_call.answers[first], 300)} "
                      f"{code(second)}: {text(s.close_call.answers[second], 300)}")
+    for r in s.readings:
+        read = f"{bold(r.kind.capitalize() + ':')} {text(r.name, 60)} {r.confidence:.0%}"
+        read += f', from "{text(r.span, 160)}"' if r.span else ""
+        lines.append(read + (f" -> points to {text(r.points_to, 40)}" if r.points_to else ""))
     suspect = ", ".join(f"{k} {text(v, 60)}" for k, v in (s.suspect or {}).items())
     lines.append(f"{bold('Symptom:')} {code(s.symptom)} {s.symptom_confidence:.0%}. "
                  f"{bold('Retry safe:')} {'yes' if s.retry_safe else 'no'}"

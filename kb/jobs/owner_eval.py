@@ -1,0 +1,120 @@
+"""Figures of how the engine decides the owner: accuracy by the truth's dimension, close calls the
+ticket's own text settled (and how often rightly), and what each lever adds (the same tickets with
+the readings switched off, and against knowledge bases of the written or the public reports alone)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kb.core.suggestion import Suggestion
+from kb.engine.history import BUNDLED_SOURCE
+from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
+
+if TYPE_CHECKING:
+    from kb.jobs.evaluate import Case
+
+LEVER_FIGURES = ("top1", "top3", "dimension", "mitigation", "platform_top1")
+"""The figures the lever table compares."""
+
+
+def per_dimension(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, float]]:
+    """Top-1, top-3, dimension and mitigation accuracy over the tickets of each true dimension."""
+    groups: dict[str, list[tuple[Case, Suggestion]]] = {}
+    for case, pred in zip(cases, preds):
+        groups.setdefault(case.dimension or "?", []).append((case, pred))
+    out = {}
+    for dimension, pairs in sorted(groups.items()):
+        with_mitigation = [(c, p) for c, p in pairs if c.mitigation]
+        out[dimension] = {
+            "n": len(pairs),
+            "top1": float(np.mean([p.root_cause == c.root_cause for c, p in pairs])),
+            "top3": float(np.mean([c.root_cause in [x.id for x in p.root_cause_candidates[:3]] for c, p in pairs])),
+            "dimension": float(np.mean([p.root_cause_dimension == c.dimension for c, p in pairs])),
+            "mitigation": float(np.mean([p.mitigation == c.mitigation for c, p in with_mitigation]))
+            if with_mitigation else float("nan"),
+        }
+    return out
+
+
+def settled_figures(cases: list[Case], preds: list[Suggestion]) -> dict:
+    """How many tickets had a close call, how many the ticket's text settled, and how often the
+    answered cause is the expert's (or an accepted alternative)."""
+    asked = [(c, p) for c, p in zip(cases, preds) if p.close_call is not None]
+    settled = [(c, p) for c, p in asked if p.close_call.answered]
+    return {
+        "close_calls": len(asked), "settled": len(settled),
+        "settled_right": sum(p.close_call.answered == c.root_cause for c, p in settled),
+        "settled_accepted": sum(p.close_call.answered in {c.root_cause, *c.alt_root_causes} for c, p in settled),
+        "truth_in_pair": sum(c.root_cause in p.close_call.causes for c, p in settled),
+    }
+
+
+def lever_row(cases: list[Case], preds: list[Suggestion]) -> dict[str, float]:
+    """The lever table's figures for one run."""
+    dims = per_dimension(cases, preds)
+    return {"top1": float(np.mean([p.root_cause == c.root_cause for c, p in zip(cases, preds)])),
+            "top3": float(np.mean([c.root_cause in [x.id for x in p.root_cause_candidates[:3]]
+                                   for c, p in zip(cases, preds)])),
+            "dimension": float(np.mean([p.root_cause_dimension == c.dimension for c, p in zip(cases, preds)])),
+            "mitigation": float(np.mean([p.mitigation == c.mitigation for c, p in zip(cases, preds) if c.mitigation])),
+            "platform_top1": dims.get("platform", {}).get("top1", float("nan"))}
+
+
+def without_readings(engine: SuggestionEngine) -> SuggestionEngine:
+    """The same engine with the readings switched off: no reading feature, no close call settled
+    from the text (the other weights as fitted)."""
+    calibration = engine.calibration
+    off = calibration.model_copy(update={"root_cause": calibration.root_cause.model_copy(update={"reading": 0.0})})
+    other = SuggestionEngine(engine.kb, engine.retriever, calibration=off)
+    other.settle_close_calls = False
+    return other
+
+
+def subset_engine(engine: SuggestionEngine, keep: Callable, home: Path) -> SuggestionEngine:
+    """An engine over a new knowledge base of the bundled reports that ``keep`` accepts, with its
+    own fitted weights (the embedding model shared)."""
+    settings = engine.settings.model_copy(update={"home": home})
+    kb = KnowledgeBase(settings, embedder=engine.kb.embedder)
+    kb.add_incidents([i for i in kb.bundled_incidents() if keep(i)])
+    sub = SuggestionEngine(kb)
+    sub.fit_calibration(save=False)
+    return sub
+
+
+def levers(engine: SuggestionEngine, cases: list[Case], run: Callable[[SuggestionEngine], list[Suggestion]],
+           full: list[Suggestion], with_sources: bool = True) -> dict[str, dict[str, float]]:
+    """The lever table: the engine as it is, with the readings off and, with ``with_sources``,
+    against the written reports alone and the public ones alone (each fitted anew; minutes)."""
+    rows = {"everything": lever_row(cases, full), "no scope/change readings": lever_row(cases, run(without_readings(
+        engine)))}
+    if with_sources:
+        with tempfile.TemporaryDirectory(prefix="pmkb-levers-") as tmp:
+            for name, keep in (("written reports only", lambda i: i.source == BUNDLED_SOURCE),
+                               ("public reports only", lambda i: i.source != BUNDLED_SOURCE)):
+                rows[name] = lever_row(cases, run(subset_engine(engine, keep, Path(tmp) / name.split()[0])))
+    return rows
+
+
+def format_owner(result: dict) -> list[str]:
+    """Table lines: figures by dimension, settled close calls and, when run, the levers."""
+    lines = ["", "| true dimension | n | top-1 | top-3 | dimension | mitigation |", "|---|---|---|---|---|---|"]
+    lines += [f"| {d} | {r['n']} | {r['top1']:.3f} | {r['top3']:.3f} | {r['dimension']:.3f} | {r['mitigation']:.3f} |"
+              for d, r in result.get("per_dimension", {}).items()]
+    settled = result.get("settled")
+    if settled:
+        lines += ["", f"close calls: {settled['close_calls']} tickets; settled from the ticket's text: "
+                      f"{settled['settled']}, of which the answered cause is the expert's {settled['settled_right']} "
+                      f"(or an accepted alternative {settled['settled_accepted']}; the expert's cause was one of the "
+                      f"two in {settled['truth_in_pair']})"]
+    if result.get("levers"):
+        lines += ["", "| lever | top-1 | top-3 | dimension | mitigation | platform top-1 |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | " + " | ".join(f"{row[k]:.3f}" for k in LEVER_FIGURES) + " |"
+                  for name, row in result["levers"].items()]
+    return lines
