@@ -70,7 +70,8 @@ _JIRA_EVENT = {
         "webhookEvent": {"type": "string", "description": "issue created and updated are queued; others are ignored",
                          "enum": ["jira:issue_created", "jira:issue_updated", "jira:issue_deleted", "comment_created",
                                   "comment_updated", "comment_deleted"]},
-        "timestamp": {"type": "integer", "description": "milliseconds since the epoch"},
+        "timestamp": {"type": ["integer", "string"],
+                      "description": "milliseconds since the epoch, or an ISO 8601 time (Jira Automation's {{now}})"},
         "changelog": {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object"}}}},
         "issue": {"type": "object", "required": ["key", "fields"], "properties": {
             "key": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*-[0-9]+$"},

@@ -141,15 +141,24 @@ def jira_event(payload: dict) -> TicketEvent:
               "description": jira_text(fields.get("description"), "issue.fields.description")}
     version = _jira_time(fields.get("updated"))
     if version is None and payload.get("timestamp") is not None:
-        stamp = payload["timestamp"]
-        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-            raise BadPayload(f"timestamp must be milliseconds since the epoch, not {_kind(stamp)}")
-        version = stamp / 1000
+        version = _jira_stamp(payload["timestamp"])
     return TicketEvent("jira", key, ticket, event, version)
 
 
+def _jira_stamp(stamp) -> float:
+    """Epoch seconds of the event's ``timestamp``: milliseconds as Jira's own webhooks send them (a
+    number or its digits), or an ISO 8601 time as Jira Automation's ``{{now}}`` renders it."""
+    if isinstance(stamp, str) and stamp.strip().isdigit():
+        stamp = int(stamp.strip())
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+        return stamp / 1000
+    if isinstance(stamp, str) and (seconds := _jira_time(stamp.strip())) is not None:
+        return seconds
+    raise BadPayload(f"timestamp must be milliseconds since the epoch or an ISO 8601 time, not {_kind(stamp)}")
+
+
 def _jira_time(value) -> float | None:
-    # Jira writes "2024-05-01T10:05:00.000+0000"; fromisoformat wants "+00:00".
+    # Jira writes "2024-05-01T10:05:00.000+0000" ({{now}}: "...00.0+0000"); fromisoformat wants "+00:00".
     if not isinstance(value, str):
         return None
     try:

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -446,3 +447,33 @@ def test_a_service_that_builds_its_engine_refits_classifiers_in_the_background(k
     with TestClient(app) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, 180, "/readyz")
         assert app.state.service.engine.snapshots.refit_in_background
+
+
+def documented_jira_automation_body() -> str:
+    """The Jira Automation body of docs/webhooks.md, as written there."""
+    doc = (ROOT / "docs" / "webhooks.md").read_text(encoding="utf-8")
+    block = doc.split("web request\n  body *Custom data*:", 1)[1].split("```", 2)[1]
+    return "\n".join(line.strip() for line in block.strip().splitlines())
+
+
+@pytest.mark.parametrize(("key", "now"), [("OPS-4240", "2026-12-05T10:05:00.0+0000"),
+                                         ("OPS-4241", "2026-12-05T10:05:00.123+0100"), ("OPS-4242", "1796465100000")])
+def test_the_documented_jira_automation_body_is_accepted(live, key, now):
+    rendered = {"{{now}}": now, "{{issue.key}}": key,
+                "{{issue.summary.asJsonString}}": json.dumps("Xid 79 on gpu-a3, GPU has fallen off the bus"),
+                "{{issue.description.asJsonString}}": json.dumps('Job 9912 died: "GPU has fallen off the bus"')}
+    body = documented_jira_automation_body()
+    assert set(re.findall(r"\{\{[^}]+\}\}", body)) == set(rendered), "the docs use a smart value this test lacks"
+    for smart, value in rendered.items():
+        body = body.replace(smart, value)
+    answer = post_jira(live.url, body.encode())
+    assert answer.status_code == 202, answer.text
+    event = wait_finished(live.service, answer.json()["event_id"])
+    assert event.ticket == key and event.status == "done" and event.version is not None
+
+
+def test_a_jira_timestamp_that_is_no_time_is_refused_naming_it(live):
+    payload = jira_event("jira:issue_created", "OPS-4243", "t", "d")
+    payload["timestamp"] = "yesterday"
+    answer = post_jira(live.url, payload)
+    assert answer.status_code == 400 and "timestamp" in answer.text
