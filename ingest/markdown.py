@@ -11,6 +11,7 @@ import yaml
 from ingest import IngestError, IngestWarning, Parsed
 from ingest.common import record_to_incident
 from kb.core.records import read_text
+from kb.core.yamlsafe import load_yaml
 
 _RESOLUTION_HEADINGS = re.compile(
     r"^(resolution|fix|remediation|mitigation|root cause( analysis)?|what we did|action items|follow[- ]?ups?)\b",
@@ -25,7 +26,7 @@ def split_front_matter(text: str) -> tuple[dict, str]:
     if len(parts) < 3:
         raise ValueError("front matter opened with --- but never closed")
     try:
-        meta = yaml.safe_load(parts[1]) or {}
+        meta = load_yaml(parts[1]) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"front matter is not valid YAML: {exc}") from None
     if not isinstance(meta, dict):

@@ -40,6 +40,21 @@ def _selection(ids: list[int] | None, all_dead: bool, verb: str) -> list[int] | 
     return None if all_dead else ids
 
 
+def _check_dead(queue, ids: list[int] | None) -> None:
+    """Exit with an error naming every id that is not a dead-lettered event (nothing is changed)."""
+    from pmkb.cli import fail
+
+    problems = []
+    for event_id in ids or []:
+        event = queue.get(event_id)
+        if event is None:
+            problems.append(f"no event {event_id} in the queue")
+        elif event.status != "dead":
+            problems.append(f"event {event_id} is {event.status}, not dead")
+    if problems:
+        fail("; ".join(problems) + " (`pmkb queue list --status dead` lists the dead ones); nothing was changed")
+
+
 @queue_app.command("list")
 def list_events(
     status: Optional[str] = typer.Option(None, "--status", help="Only events in this status: queued, claimed, "
@@ -74,7 +89,9 @@ def retry(
 ) -> None:
     """Give dead-lettered events a fresh set of attempts (after fixing what failed: token, outage)."""
     queue, _ = _open()
-    done = queue.retry_dead(_selection(ids, all_dead, "retry"))
+    selection = _selection(ids, all_dead, "retry")
+    _check_dead(queue, selection)
+    done = queue.retry_dead(selection)
     typer.echo(f"{done} event(s) queued again; a running `pmkb serve` picks them up within its poll interval")
 
 
@@ -85,7 +102,9 @@ def drop(
 ) -> None:
     """Delete dead-lettered events for good."""
     queue, _ = _open()
-    typer.echo(f"{queue.drop(_selection(ids, all_dead, 'drop'))} dead event(s) deleted")
+    selection = _selection(ids, all_dead, "drop")
+    _check_dead(queue, selection)
+    typer.echo(f"{queue.drop(selection)} dead event(s) deleted")
 
 
 @queue_app.command()

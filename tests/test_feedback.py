@@ -133,3 +133,20 @@ def test_a_damaged_audit_log_is_reported_with_its_line(tmp_path):
     path.write_text("{not json}\n")
     with pytest.raises(FeedbackError, match=r"line 1: not a feedback record"):
         read_audit(settings)
+
+
+def test_the_audit_log_is_private_whatever_the_umask(tmp_path):
+    import os
+
+    from kb.core.settings import Settings
+    from kb.jobs.feedback import FeedbackRecord, append_audit
+
+    record = FeedbackRecord(at=datetime(2025, 1, 1, tzinfo=timezone.utc), reviewer="a", ticket_id="t", incident_id="t",
+                            action="accepted", suggested=LabelSet(root_cause="gpu_lost"),
+                            new=LabelSet(root_cause="gpu_lost"))
+    previous = os.umask(0o022)
+    try:
+        path = append_audit(Settings(home=tmp_path), record)
+    finally:
+        os.umask(previous)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"

@@ -46,3 +46,17 @@ def test_list_retry_and_drop_dead_letters(tmp_path):
 def test_a_missing_queue_says_where_it_looked(tmp_path):
     run = pmkb(tmp_path / "nowhere", "queue", "list")
     assert run.returncode != 0 and "pmkb serve" in run.stderr and "nowhere" in run.stderr
+
+
+def test_retrying_or_dropping_an_id_that_is_not_dead_is_an_error_and_changes_nothing(tmp_path):
+    queue = EventQueue(tmp_path / "queue.sqlite3")
+    dead, done = (queue.enqueue("github", f"d-{n}", f"o/r#{n}", {})[0] for n in range(2))
+    queue.claim(), queue.claim()
+    queue.fail(dead, "HTTP 404", permanent=True)
+    queue.complete(done, {})
+    for command in ("retry", "drop"):
+        unknown = pmkb(tmp_path, "queue", command, "999999", str(dead))
+        assert unknown.returncode == 2 and "no event 999999" in unknown.stderr and "nothing was changed" in unknown.stderr
+        finished = pmkb(tmp_path, "queue", command, str(done))
+        assert finished.returncode == 2 and f"event {done} is done, not dead" in finished.stderr
+    assert queue.get(dead).status == "dead" and queue.get(done).status == "done"

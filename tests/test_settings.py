@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from kb.core.settings import DATA_DIR, Settings, load_settings
 
@@ -50,5 +49,32 @@ def test_a_bad_config_file_is_named_with_its_problem(tmp_path, text, message):
 
 
 def test_an_unknown_setting_in_the_file_is_refused_by_name(tmp_path):
-    with pytest.raises(ValidationError, match="neighbors"):
+    with pytest.raises(ValueError, match="neighbors"):
         load_settings(_config(tmp_path, "neighbors: 3\n"))
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("PMKB_RATE_LIMIT_BURST", "0"), ("PMKB_RATE_LIMIT_PER_SECOND", "0"), ("PMKB_QUEUE_BACKOFF", "-1"),
+    ("PMKB_MAX_REQUEST_BYTES", "-5"), ("PMKB_REQUEST_READ_TIMEOUT", "-1"), ("PMKB_QUEUE_MAX_ATTEMPTS", "0"),
+    ("PMKB_ABSTAIN_THRESHOLD", "7"), ("PMKB_NEIGHBOURS", "-3"), ("PMKB_WRITEBACK_TIMEOUT", "0"),
+    ("PMKB_QUEUE_RETRY_BUDGET_HOURS", "0"), ("PMKB_QUEUE_RETENTION_DAYS", "-2"), ("PMKB_LLM_TIMEOUT", "0"),
+])
+def test_an_out_of_range_setting_is_refused_naming_it(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert variable in message and repr(value) in message and "\n" not in message
+
+
+def test_a_secret_that_fails_is_not_echoed(monkeypatch, tmp_path):
+    config = tmp_path / "pmkb.yaml"
+    config.write_text("github_token: [not, a, string, s3cr3t-value]\n")
+    with pytest.raises(ValueError) as refused:
+        load_settings(config)
+    assert "github_token" in str(refused.value) and "s3cr3t" not in str(refused.value)
+
+
+def test_the_defaults_are_in_range():
+    settings = load_settings()
+    assert settings.rate_limit_burst >= 1 and 0 <= settings.abstain_threshold <= 1

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -23,6 +23,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from kb.core.yamlsafe import load_yaml
 
 
 def bundled_dir(package: str) -> Path:
@@ -68,7 +70,7 @@ class ConfigFileSource(YamlConfigSettingsSource):
             return {}
         path = Path(files)
         try:
-            values = self._read_file(path)
+            values = load_yaml(path.read_text(encoding="utf-8")) or {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ValueError(f"cannot read config file {path}: {exc}") from exc
         if not isinstance(values, dict):
@@ -112,9 +114,9 @@ class Settings(BaseSettings):
     chroma_url: str | None = None
     # With a Chroma server, other processes may add or change incidents: a running process looks
     # for such changes at most this often (seconds), so they reach its suggestions within that time.
-    chroma_refresh_seconds: float = 5.0
+    chroma_refresh_seconds: float = Field(5.0, gt=0)
     # Suggestions whose top root-cause probability is below this are marked abstained.
-    abstain_threshold: float = 0.35
+    abstain_threshold: float = Field(0.35, ge=0, le=1)
     # Prediction sets hold the true root cause (and symptom) with probability at least 1 - alpha.
     set_alpha: float = Field(0.1, gt=0, lt=1)
     # The bot's labels (and the backfill's) follow the prediction set at level 1 - label_alpha
@@ -124,9 +126,9 @@ class Settings(BaseSettings):
     # A ticket with fewer distinct content words than this and no log signature says too little
     # to tell the cause ("job failed", "please take a look"): it is marked abstained whatever
     # the probabilities.
-    min_ticket_words: int = 5
+    min_ticket_words: int = Field(5, ge=0)
     # How many similar incidents to retrieve for a ticket.
-    neighbours: int = 8
+    neighbours: int = Field(8, ge=1, le=200)
     # LLM backend: none | llamacpp | openai.
     llm: Literal["none", "llamacpp", "openai"] = "none"
     # GGUF path (llamacpp) or served model name (openai).
@@ -135,7 +137,7 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = None
     # Layers offloaded to the GPU by llama.cpp (-1: all).
     llm_gpu_layers: int = -1
-    llm_context: int = 4096
+    llm_context: int = Field(4096, ge=256)
     # CPU threads of an in-process model (llamacpp) for generation; 0: every core but one (measured on
     # 2 cores: 1 thread generated 38-45 tokens/s, 2 threads 31-37, the process and the machine
     # needing the other core), at least one.
@@ -143,7 +145,7 @@ class Settings(BaseSettings):
     # CPU threads for prompt evaluation, which scales with cores (2 threads: 390-490 tokens/s, 1: 244);
     # 0: every core.
     llm_batch_threads: int = Field(0, ge=0)
-    llm_timeout: float = 60.0
+    llm_timeout: float = Field(60.0, gt=0)
     # Webhook service.
     github_webhook_secret: SecretStr | None = None
     jira_webhook_secret: SecretStr | None = None
@@ -159,22 +161,22 @@ class Settings(BaseSettings):
     jira_secret_in: Literal["header", "query"] = "header"
     jira_secret_header: str = "X-Pmkb-Secret"
     # Largest accepted request body in bytes (larger: 413).
-    max_request_bytes: int = 1_048_576
+    max_request_bytes: int = Field(1_048_576, ge=1024)
     # Token bucket per source (github, jira, api): sustained requests per second, and burst size.
-    rate_limit_per_second: float = 20.0
-    rate_limit_burst: int = 100
+    rate_limit_per_second: float = Field(20.0, gt=0)
+    rate_limit_burst: int = Field(100, ge=1)
     # Event queue: first retry delay in seconds (doubles up to 10 minutes, or longer when the ticket
     # system asks for it with Retry-After or a rate-limit reset); an event is dead-lettered once its
     # retries would run past the budget (hours after it arrived) or after the most attempts.
-    queue_backoff: float = 2.0
-    queue_retry_budget_hours: float = 6.0
-    queue_max_attempts: int = 50
+    queue_backoff: float = Field(2.0, gt=0)
+    queue_retry_budget_hours: float = Field(6.0, gt=0)
+    queue_max_attempts: int = Field(50, ge=1)
     # Done and skipped events (redacted ticket text) are deleted after this many days.
-    queue_retention_days: float = 7.0
+    queue_retention_days: float = Field(7.0, gt=0)
     # Seconds a client may take to send its whole request body (slower: 408).
-    request_read_timeout: float = 10.0
+    request_read_timeout: float = Field(10.0, gt=0)
     # Seconds allowed for each GitHub / Jira REST call.
-    writeback_timeout: float = 15.0
+    writeback_timeout: float = Field(15.0, gt=0)
     # Dry run: append the intended write-back calls to this JSONL file instead of making them.
     writeback_outbox: Path | None = None
     # Hosts a comment may link to (a similar incident's thread), comma-separated; a subdomain is
@@ -232,5 +234,20 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     token = _CONFIG_FILE.set(Path(path) if path is not None else None)
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise ValueError(describe_settings_error(exc)) from None
     finally:
         _CONFIG_FILE.reset(token)
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """One line per refused setting: its name, the variable that sets it, what is wrong and the
+    value given (shortened)."""
+    lines = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"]) or "settings"
+        secret = any(word in name for word in ("token", "secret", "key"))
+        given = "nothing" if error.get("type") == "missing" else "hidden" if secret else str(error.get("input"))[:60]
+        lines.append(f"setting {name} (PMKB_{name.upper()}): {error['msg'].removeprefix('Value error, ')} "
+                     f"(given {given!r})")
+    return "invalid settings: " + "; ".join(lines)

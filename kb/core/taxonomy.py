@@ -19,6 +19,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kb.core.yamlsafe import load_yaml
+
 log = logging.getLogger(__name__)
 
 BadgeColour = Literal["red", "orange", "yellow", "green", "blue", "violet", "gray", "grey", "primary"]
@@ -232,7 +234,7 @@ def read_yaml(path: Path, expected: type = dict, shape: str = "a mapping", error
     """A data file's top-level YAML value, which must be an ``expected`` (``shape`` in the message);
     ``error`` names the file and what is wrong, and for a missing file the ``setting`` that points to it."""
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        raw = load_yaml(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise error(f"{path}: file not found (set {setting})") from exc
     except (UnicodeDecodeError, yaml.YAMLError) as exc:

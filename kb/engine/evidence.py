@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb.core.suggestion import Evidence
 from kb.core.taxonomy import LowUtilTaxonomy, Taxonomy, TaxonomyError
+from kb.core.yamlsafe import load_yaml
 
 
 class Signature(BaseModel):
@@ -53,7 +54,7 @@ def _load(path: str, taxonomy: Taxonomy, low_util: LowUtilTaxonomy | None) -> tu
     if key in _CACHE:
         return _CACHE[key]
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        raw = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise TaxonomyError(f"{path}: cannot read signatures: {exc}") from exc
     items = raw.get("signatures") if isinstance(raw, dict) else None

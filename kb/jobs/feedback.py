@@ -122,7 +122,8 @@ def append_audit(settings: Settings, record: FeedbackRecord) -> Path:
     """Append one record to the audit log (one JSON line, flushed to disk) and return its path."""
     path = audit_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as sink:
+    # Owner only whatever the process's umask (the page's server does not set one): it holds ticket text.
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8") as sink:
         sink.write(record.model_dump_json() + "\n")
         sink.flush()
         os.fsync(sink.fileno())
