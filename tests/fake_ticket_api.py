@@ -36,6 +36,7 @@ class FakeTicketApi:
         self.labels: dict[str, list[str]] = {}
         self.missing: set[str] = set()  # tickets that answer 404
         self.fail_next = 0  # answer this many requests with 502
+        self.fail_comment_writes = 0  # answer this many comment POSTs / PUTs / PATCHes with 502
         self.failures: list[tuple[int, dict]] = []  # answers for the next requests, before fail_next (fail_with)
         self.github_login = "pmkb-bot"  # the GitHub user behind pmkb's token (GET /user)
         self.github_app: str | None = None  # an App's slug: pmkb's token is its installation token
@@ -141,6 +142,10 @@ class FakeTicketApi:
             if self.fail_next:
                 self.fail_next -= 1
                 return 502, {"message": "bad gateway"}, {}
+        if self.fail_comment_writes and r["method"] in ("POST", "PUT", "PATCH") and "/comment" in r["path"]:
+            with self._lock:
+                self.fail_comment_writes -= 1
+            return 502, {"message": "bad gateway on the comment"}, {}
         if not r["headers"].get("authorization", "").startswith(("Bearer ", "Basic ")):
             return 401, {"message": "Requires authentication"}, {}
         method, path, body = r["method"], r["path"], r["json"]

@@ -210,8 +210,8 @@ def test_github_opened_labels_and_comments_once_despite_redelivery(live, api):
     event = wait_finished(live.service, first.json()["event_id"])
     assert event.status == "done" and event.result["comment"] == "created"
     calls = [(r["method"], r["path"]) for r in api.requests if "/issues/1/" in r["path"]]
-    assert calls == [("GET", f"/repos/{REPO}/issues/1/comments"), ("POST", f"/repos/{REPO}/issues/1/labels"),
-                     ("POST", f"/repos/{REPO}/issues/1/comments")]
+    assert calls == [("GET", f"/repos/{REPO}/issues/1/comments"), ("POST", f"/repos/{REPO}/issues/1/comments"),
+                     ("POST", f"/repos/{REPO}/issues/1/labels")]
     labels_call = next(r for r in api.requests if r["path"] == f"/repos/{REPO}/issues/1/labels")
     assert labels_call["json"] == {"labels": ["rc:gpu_memory_error", "dim:hardware", "symptom:job_crash"]}
     assert labels_call["headers"]["authorization"] == "Bearer gh-token"

@@ -176,16 +176,25 @@ def write_suggestion(system: TicketSystem, suggestion: Suggestion, link_hosts: I
     # A suggested label already on the ticket and not recorded as pmkb's was put there by a person.
     add = [x for x in labels if x not in on_ticket]
     removed = [x for x in ours if x in on_ticket and x not in labels]
-    system.change_labels(add, removed)
-    body = render_comment(suggestion, threshold_note=True, system=ref.system,
-                          added=[x for x in labels if x in add or x in ours], link_hosts=link_hosts)
-    if existing and existing.get("body") == body:
+    kept = [x for x in labels if x in add or x in ours]
+
+    def body(record: list[str]) -> str:
+        return render_comment(suggestion, threshold_note=True, system=ref.system, added=record, link_hosts=link_hosts)
+
+    # The comment's record of pmkb's labels is written before the labels change, and still holds
+    # the ones about to be removed: when a call fails in between, the retry finds every label of
+    # pmkb's in the record. Once they are gone, the record drops them.
+    planned = body(kept + removed)
+    if existing and existing.get("body") == planned:
         outcome, comment_id = "unchanged", existing["id"]
     elif existing:
-        system.update_comment(existing["id"], body)
+        system.update_comment(existing["id"], planned)
         outcome, comment_id = "updated", existing["id"]
     else:
-        outcome, comment_id = "created", system.create_comment(body)
+        outcome, comment_id = "created", system.create_comment(planned)
+    system.change_labels(add, removed)
+    if removed:
+        system.update_comment(comment_id, body(kept))
     done = {"system": ref.system, "ticket": ref.key, "dry_run": False, "labels_added": add,
             "labels_removed": removed, "comment": outcome, "comment_id": comment_id}
     return {**done, **system.outcome()}
