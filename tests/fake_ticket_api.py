@@ -37,7 +37,7 @@ class FakeTicketApi:
         self.missing: set[str] = set()  # tickets that answer 404
         self.fail_next = 0  # answer this many requests with 502
         self.fail_comment_writes = 0  # answer this many comment POSTs / PUTs / PATCHes with 502
-        self.failures: list[tuple[int, dict]] = []  # answers for the next requests, before fail_next (fail_with)
+        self.failures: list[tuple[int, dict, str | None]] = []  # answers for the next requests (fail_with)
         self.github_login = "pmkb-bot"  # the GitHub user behind pmkb's token (GET /user)
         self.github_app: str | None = None  # an App's slug: pmkb's token is its installation token
         # GET /rest/api/2/myself for pmkb's token: Jira Cloud's shape; Data Center's has name and key instead.
@@ -90,10 +90,11 @@ class FakeTicketApi:
         self.server.server_close()
         forget_identities()
 
-    def fail_with(self, count: int, status: int = 502, headers: dict | None = None) -> None:
-        """Answer the next ``count`` requests with ``status`` and these headers (Retry-After, rate limits)."""
+    def fail_with(self, count: int, status: int = 502, headers: dict | None = None, message: str | None = None) -> None:
+        """Answer the next ``count`` requests with ``status``, these headers (Retry-After, rate limits)
+        and this message."""
         with self._lock:
-            self.failures += [(status, dict(headers or {}))] * count
+            self.failures += [(status, dict(headers or {}), message)] * count
 
     def post_as_stranger(self, key: str, body: str, token: str = "stranger-token") -> dict:
         """Post a comment through the API as the account of one of ``strangers``; returns it."""
@@ -137,8 +138,8 @@ class FakeTicketApi:
         """Status, JSON body and headers for one recorded request."""
         with self._lock:
             if self.failures:
-                status, headers = self.failures.pop(0)
-                return status, {"message": f"failing on purpose with {status}"}, headers
+                status, headers, message = self.failures.pop(0)
+                return status, {"message": message or f"failing on purpose with {status}"}, headers
             if self.fail_next:
                 self.fail_next -= 1
                 return 502, {"message": "bad gateway"}, {}

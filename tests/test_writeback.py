@@ -518,3 +518,32 @@ def test_a_failed_label_call_after_the_comment_is_repaired_by_the_retry(tmp_path
         done = write_back(settings, ref, changed)
         assert "rc:gpu_lost" in api.labels["octo/ops#32"] and "rc:gpu_memory_error" not in api.labels["octo/ops#32"]
         assert done["comment"] == "unchanged" and len(api.comments["octo/ops#32"]) == 1
+
+
+SECONDARY = "You have exceeded a secondary rate limit. Please wait a few minutes before you try again."
+
+
+def test_a_secondary_rate_limit_without_headers_is_retried_after_a_minute_at_least(tmp_path):
+    ref = TicketRef(system="github", key="octo/ops#41")
+    with FakeTicketApi() as api:
+        settings = api_settings(tmp_path, api, github_bot_login="pmkb-bot")
+        api.fail_with(1, status=403, message=SECONDARY)
+        with pytest.raises(WriteBackError) as limited:
+            write_back(settings, ref, make_suggestion())
+        assert limited.value.retryable and limited.value.retry_after >= 60
+        assert write_back(settings, ref, make_suggestion())["comment"] == "created"
+
+
+def test_a_limited_first_call_for_the_identity_is_not_remembered_as_an_app(tmp_path):
+    ref = TicketRef(system="github", key="octo/ops#42")
+    with FakeTicketApi() as api:
+        settings = api_settings(tmp_path, api)
+        api.fail_with(1, status=403, message=SECONDARY)  # the very first call: GET /user
+        with pytest.raises(WriteBackError) as limited:
+            write_back(settings, ref, make_suggestion())
+        assert limited.value.retryable and "/user" in str(limited.value)
+        first = write_back(settings, ref, make_suggestion())
+        again = write_back(settings, ref, make_suggestion(root_cause="gpu_lost"))
+        assert first["comment"] == "created" and again["comment"] == "updated"  # its own comment, found again
+        assert len(api.comments["octo/ops#42"]) == 1
+        assert "rc:gpu_memory_error" not in api.labels["octo/ops#42"]

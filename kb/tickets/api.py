@@ -64,6 +64,14 @@ class TicketRef(BaseModel):
         return owner, repo, int(number)
 
 
+_SECONDARY_LIMIT = re.compile(r"secondary rate limit|abuse detection|rate limit exceeded", re.IGNORECASE)
+"""GitHub's words for a rate limit that comes without rate-limit headers."""
+_NOT_A_USER = re.compile(r"not accessible by integration", re.IGNORECASE)
+"""GitHub's answer to GET /user for an App installation token."""
+MIN_LIMIT_WAIT = 60.0
+"""Seconds to wait on a rate limit that names no time (GitHub asks for at least a minute)."""
+
+
 def retry_after_seconds(headers: httpx.Headers | dict, now: float | None = None) -> float | None:
     """Seconds an answer's headers ask the client to wait before its next call; None without a hint."""
     headers = httpx.Headers(headers)
@@ -164,14 +172,19 @@ class _RestClient:
         except httpx.HTTPError as exc:
             raise WriteBackError(f"{method} {path} for {self.ref.key}: {type(exc).__name__}: {exc}") from exc
         status = resp.status_code
-        # GitHub answers its rate limits with 403 as well as 429: primary (remaining 0) or secondary (Retry-After).
-        limited = status == 429 or (status == 403 and (resp.headers.get("x-ratelimit-remaining") == "0"
-                                                       or "retry-after" in resp.headers))
+        # GitHub answers its rate limits with 403 as well as 429: primary (remaining 0), secondary
+        # (Retry-After, or no header at all and a message saying so).
+        secondary = status == 403 and _SECONDARY_LIMIT.search(resp.text[:2000]) is not None
+        limited = status == 429 or secondary or (status == 403 and (resp.headers.get("x-ratelimit-remaining") == "0"
+                                                                    or "retry-after" in resp.headers))
         if status < 400 or (status in accept and not limited):
             return resp
         retryable = limited or status >= 500
+        wait = retry_after_seconds(resp.headers) if retryable else None
+        if limited and wait is None:
+            wait = MIN_LIMIT_WAIT  # GitHub asks for at least a minute when it names no time
         raise WriteBackError(f"{method} {path} for {self.ref.key}: HTTP {status}: {resp.text[:300]}",
-                             retryable=retryable, retry_after=retry_after_seconds(resp.headers) if retryable else None)
+                             retryable=retryable, retry_after=wait)
 
     def identity(self) -> Identity:
         """The account behind the token, asked of the ticket system once per process."""
@@ -207,8 +220,11 @@ class GitHubTicketApi(_RestClient):
         if self.login:
             return Identity(github_login=self.login)
         resp = self.call("GET", "/user", accept=(403, 404))
-        if resp.status_code in (403, 404):  # an App installation token is no user: "not accessible by integration"
+        if resp.status_code == 404 or _NOT_A_USER.search(resp.text[:2000]):  # an App installation token is no user
             return Identity(github_app=True)
+        if resp.status_code == 403:  # any other refusal says nothing about the account: not remembered
+            raise WriteBackError(f"GET /user for {self.ref.key}: HTTP 403: {resp.text[:300]}", retryable=True,
+                                 retry_after=retry_after_seconds(resp.headers) or MIN_LIMIT_WAIT)
         return Identity(github_login=resp.json()["login"])
 
     def comments(self) -> list[dict]:
