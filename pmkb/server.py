@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import logging
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -155,10 +156,14 @@ class Service:
                                  "dry_run": str(self.settings.writeback_outbox or "")})
 
     def stop(self) -> None:
-        """Stop the worker after the event in hand."""
+        """Stop the worker after the event in hand; the queue's write-ahead log is folded in."""
         self.worker.stop()
         if self._http is not None:
             self._http.close()
+        try:
+            self.queue.checkpoint()
+        except sqlite3.Error as exc:  # a full or read-only disk: the next start folds it in
+            log.warning("could not checkpoint the event queue on shutdown: %s", exc)
 
     def suggest(self, ticket: Ticket) -> Suggestion:
         """One suggestion from the shared suggester, serialised with other callers."""

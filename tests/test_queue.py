@@ -273,3 +273,20 @@ def test_a_queue_from_an_older_release_is_upgraded(tmp_path):
     queue = EventQueue(path)
     assert queue.claim().version is None
     assert queue.enqueue("github", "new", "o/r#1", {}, version=5.0)[1]
+
+
+def test_purged_and_dropped_text_leaves_the_write_ahead_log(tmp_path):
+    clock = Clock()
+    queue = make_queue(tmp_path, clock)
+    secret = "ticket text 7f3a9c that must not linger"
+    done = queue.enqueue("github", "d-1", "o/r#1", {"title": secret})[0]
+    dead = queue.enqueue("github", "d-2", "o/r#2", {"title": secret + " too"})[0]
+    queue.claim(), queue.claim()
+    queue.complete(done, {})
+    queue.fail(dead, "HTTP 404", permanent=True)
+    wal = tmp_path / "queue.sqlite3-wal"
+    assert wal.exists() and wal.stat().st_size > 0
+    clock.now += 10
+    assert queue.purge(older_than=1) == 1 and queue.drop([dead]) == 1
+    assert not wal.exists() or wal.stat().st_size == 0  # folded into the database and emptied
+    assert secret.encode() not in (wal.read_bytes() if wal.exists() else b"")

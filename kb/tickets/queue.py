@@ -244,13 +244,25 @@ class EventQueue:
         """Delete events in ``status`` (all, or those with these ids); returns how many."""
         where, args = _ids_clause(ids)
         with self._connect() as db:
-            return db.execute(f"DELETE FROM events WHERE status = ?{where}", (status, *args)).rowcount
+            dropped = db.execute(f"DELETE FROM events WHERE status = ?{where}", (status, *args)).rowcount
+        if dropped:
+            self.checkpoint()
+        return dropped
 
     def purge(self, older_than: float) -> int:
-        """Delete done and skipped events that finished more than ``older_than`` seconds ago."""
+        """Delete done and skipped events that finished more than ``older_than`` seconds ago; their
+        text leaves the write-ahead log too (``checkpoint``)."""
         with self._connect() as db:
-            return db.execute(f"DELETE FROM events WHERE status IN {FINISHED} AND finished_at < ?",
-                              (self.clock() - older_than,)).rowcount
+            purged = db.execute(f"DELETE FROM events WHERE status IN {FINISHED} AND finished_at < ?",
+                                (self.clock() - older_than,)).rowcount
+        if purged:
+            self.checkpoint()
+        return purged
+
+    def checkpoint(self) -> None:
+        """Copy the write-ahead log into the database and empty it, so deleted ticket text is no
+        longer in the log file (a busy reader may delay it to the next checkpoint)."""
+        self._connect().db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def get(self, event_id: int) -> Event | None:
         """One event by id."""
