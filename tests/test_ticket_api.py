@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import http.server
+import json
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
@@ -11,6 +15,7 @@ import pytest
 from fake_ticket_api import FakeTicketApi, api_settings
 from test_writeback import make_suggestion
 
+from kb.core.settings import Settings
 from kb.tickets.api import forget_identities, retry_after_seconds
 from kb.tickets.writeback import (
     GITHUB_MARKER,
@@ -127,3 +132,49 @@ def test_a_rate_limited_identity_lookup_is_retried_not_taken_for_an_app(tmp_path
         api.post_as_stranger(ref.key, GITHUB_MARKER + "\nLabels: rc:team_label")
         assert write_back(settings, ref, make_suggestion())["comment"] == "created"  # the stranger's stays theirs
         assert api.comments[ref.key][0]["body"].endswith("rc:team_label")
+
+
+class _TrickleHandler(http.server.BaseHTTPRequestHandler):
+    """Answers 200 with a body sent one byte every 0.3 s (a slow or hostile API), or gzip JSON at once."""
+
+    def do_GET(self):
+        if self.path.startswith("/trickle"):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "60")
+            self.end_headers()
+            for _ in range(60):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.3)
+            return
+        body = gzip.compress(json.dumps({"login": "pmkb-bot"}).encode())
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_write_back_timeout_is_a_deadline_for_the_whole_call():
+    from kb.tickets.api import GitHubTicketApi
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TrickleHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = Settings(github_api_url=f"http://127.0.0.1:{server.server_port}", github_token="t",
+                            writeback_timeout=1.0)
+        with httpx.Client() as client:
+            api = GitHubTicketApi(settings, TicketRef(system="github", key="o/r#1"), client)
+            assert api.call("GET", "/user").json() == {"login": "pmkb-bot"}  # gzip decoded once
+            started = time.monotonic()
+            with pytest.raises(WriteBackError, match="deadline for the whole call") as cut:
+                api.call("GET", "/trickle")
+            assert time.monotonic() - started < 2.5 and cut.value.retryable
+    finally:
+        server.shutdown()
+        server.server_close()

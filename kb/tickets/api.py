@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -167,8 +168,7 @@ class _RestClient:
         retry hint.
         """
         try:
-            resp = self.client.request(method, self.base + path, json=body, params=params,
-                                       headers=self.headers, timeout=self.timeout)
+            resp = self._request(method, path, body, params)
         except httpx.HTTPError as exc:
             raise WriteBackError(f"{method} {path} for {self.ref.key}: {type(exc).__name__}: {exc}") from exc
         status = resp.status_code
@@ -185,6 +185,20 @@ class _RestClient:
             wait = MIN_LIMIT_WAIT  # GitHub asks for at least a minute when it names no time
         raise WriteBackError(f"{method} {path} for {self.ref.key}: HTTP {status}: {resp.text[:300]}",
                              retryable=retryable, retry_after=wait)
+
+    def _request(self, method: str, path: str, body: dict | None, params: dict | None) -> httpx.Response:
+        """The whole answer within ``self.timeout`` seconds from the start of the call: httpx's
+        timeouts bound each read, so an answer sent a byte at a time is cut at the deadline."""
+        deadline = time.monotonic() + self.timeout
+        with self.client.stream(method, self.base + path, json=body, params=params, headers=self.headers,
+                                timeout=self.timeout) as resp:
+            chunks = []
+            for chunk in resp.iter_raw():  # as sent: the new Response decodes it by its headers
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(f"the answer took longer than {self.timeout:g} s "
+                                            "(PMKB_WRITEBACK_TIMEOUT, a deadline for the whole call)")
+        return httpx.Response(resp.status_code, headers=resp.headers, content=b"".join(chunks), request=resp.request)
 
     def identity(self) -> Identity:
         """The account behind the token, asked of the ticket system once per process."""
