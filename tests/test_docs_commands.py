@@ -134,8 +134,13 @@ def test_the_import_check_catches_a_moved_function(tmp_path):
 
 
 def run_pmkb(home: Path, words: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m pmkb --kb HOME WORDS...` in ``cwd`` (which must hold no folder named like a package)."""
     return subprocess.run([sys.executable, "-m", "pmkb", "--kb", str(home), *words], cwd=cwd,
                           capture_output=True, text=True, timeout=600)
+
+
+SAMPLE_TICKET = "Job 4411 crashed on gpu-a17: Xid 79, GPU has fallen off the bus"
+"""What a documented command's ticket file (`ticket.txt`) holds when the test runs it."""
 
 
 RUNNABLE = {"search", "taxonomy", "stats", "suggest", "node"}
@@ -146,13 +151,15 @@ RUNNABLE = {"search", "taxonomy", "stats", "suggest", "node"}
 def test_documented_one_shot_commands_run_as_written(tmp_path, _built_kb_dir):
     import shutil
 
-    home = tmp_path / "kb"
+    home, work = tmp_path / "home", tmp_path / "work"
     shutil.copytree(_built_kb_dir, home)
+    work.mkdir()
+    (work / "ticket.txt").write_text(SAMPLE_TICKET)
     ran = 0
     for where, line in documented_commands():
         words = command_words(line)
         if words and words[0] in RUNNABLE:
-            proc = run_pmkb(home, words, tmp_path)
+            proc = run_pmkb(home, words, work)
             assert proc.returncode == 0, f"{where}: `{line}` exited {proc.returncode}: {proc.stderr[-1500:]}"
             ran += 1
     assert ran >= 5
@@ -162,10 +169,10 @@ def test_documented_one_shot_commands_run_as_written(tmp_path, _built_kb_dir):
 def test_suggest_reads_the_ticket_from_a_file(tmp_path, _built_kb_dir):
     import shutil
 
-    home = tmp_path / "kb"
+    home = tmp_path / "home"
     shutil.copytree(_built_kb_dir, home)
     ticket = tmp_path / "ticket.txt"
-    ticket.write_bytes("Job 4411 crashed: Xid 79, GPU has fallen off the bus on gpu-a17 \x96 node caf\xe9".encode("cp1252"))
+    ticket.write_bytes("Job 4411 crashed: Xid 79, GPU has fallen off the bus on gpu-a17 \u2013 node caf\u00e9".encode("cp1252"))
     proc = run_pmkb(home, ["suggest", "--file", str(ticket), "--json"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert json.loads(proc.stdout)["root_cause"] == "gpu_lost"
