@@ -143,10 +143,13 @@ class _TrickleHandler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", "60")
             self.end_headers()
-            for _ in range(60):
-                self.wfile.write(b" ")
-                self.wfile.flush()
-                time.sleep(0.3)
+            try:
+                for _ in range(60):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.3)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up, as it should
+                pass
             return
         body = gzip.compress(json.dumps({"login": "pmkb-bot"}).encode())
         self.send_response(200)

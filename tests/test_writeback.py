@@ -547,3 +547,22 @@ def test_a_limited_first_call_for_the_identity_is_not_remembered_as_an_app(tmp_p
         assert first["comment"] == "created" and again["comment"] == "updated"  # its own comment, found again
         assert len(api.comments["octo/ops#42"]) == 1
         assert "rc:gpu_memory_error" not in api.labels["octo/ops#42"]
+
+
+def test_write_back_retrying_waits_for_a_rate_limit_to_reset_and_says_when_it_is_too_far(tmp_path):
+    import time
+
+    waits: list[float] = []
+    with FakeTicketApi() as api:
+        settings = api_settings(tmp_path, api, github_bot_login="pmkb-bot")
+        reset = int(time.time()) + 30
+        api.fail_with(1, 403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)})
+        done = write_back_retrying(settings, TicketRef(system="github", key="octo/ops#51"), make_suggestion(),
+                                   sleep=waits.append)
+        assert done["comment"] == "created" and len(waits) == 1 and 25 <= waits[0] <= 31
+        waits.clear()
+        api.fail_with(1, 403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time()) + 600)})
+        with pytest.raises(WriteBackError, match="rate limited: the ticket system asks to wait") as limited:
+            write_back_retrying(settings, TicketRef(system="github", key="octo/ops#52"), make_suggestion(),
+                                sleep=waits.append, max_wait=300)
+        assert waits == [] and limited.value.retry_after > 500

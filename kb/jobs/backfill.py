@@ -35,7 +35,8 @@ ACTIONS = {
     "duplicate": "ids must be unique across the inputs: this record was not annotated; rename or drop it",
     "annotate": "re-run to retry this record; if it fails again, report it with the record",
     "llm": "check the LLM server (PMKB_LLM_BASE_URL) and re-run: the record is retried",
-    "write_back": "check the ticket key, token and URL (or use --dry-run) and re-run: the record is retried",
+    "write_back": "check the ticket key, token and URL (or use --dry-run), or after a rate limit wait the time it "
+                  "names, and re-run: the record is retried",
 }
 """What to do next, by the stage where a record failed."""
 

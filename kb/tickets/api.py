@@ -183,7 +183,8 @@ class _RestClient:
         wait = retry_after_seconds(resp.headers) if retryable else None
         if limited and wait is None:
             wait = MIN_LIMIT_WAIT  # GitHub asks for at least a minute when it names no time
-        raise WriteBackError(f"{method} {path} for {self.ref.key}: HTTP {status}: {resp.text[:300]}",
+        limit = f" rate limited: the ticket system asks to wait {wait:.0f} s, not a token problem;" if limited else ""
+        raise WriteBackError(f"{method} {path} for {self.ref.key}: HTTP {status}{limit} {resp.text[:300]}",
                              retryable=retryable, retry_after=wait)
 
     def _request(self, method: str, path: str, body: dict | None, params: dict | None) -> httpx.Response:

@@ -220,10 +220,24 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, WriteBackError) and exc.retryable
 
 
+MAX_RETRY_WAIT = 900.0
+"""The longest ``write_back_retrying`` waits for a rate limit to reset (seconds); a longer one is
+raised at once, saying when to come back."""
+
+
 def write_back_retrying(settings: Settings, ref: TicketRef, suggestion: Suggestion, outbox: Path | None = None,
-                        attempts: int = 3, sleep: Callable[[float], None] = time.sleep) -> dict:
+                        attempts: int = 3, sleep: Callable[[float], None] = time.sleep,
+                        max_wait: float = MAX_RETRY_WAIT) -> dict:
     """``write_back``, tried up to ``attempts`` times while the error is retryable, waiting 1 s,
-    2 s, 4 s ... between tries; the last error is raised as it is."""
-    retrying = Retrying(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=1, exp_base=2),
-                        retry=retry_if_exception(_transient), reraise=True, sleep=sleep)
+    2 s, 4 s ... between tries, or as long as the ticket system asks (Retry-After, a rate-limit
+    reset) up to ``max_wait``; the last error is raised as it is."""
+    def waits_for(exc: BaseException) -> float:
+        return exc.retry_after or 0.0 if isinstance(exc, WriteBackError) else 0.0
+
+    def wait(state) -> float:
+        return min(max(backoff(state), waits_for(state.outcome.exception())), max_wait)
+
+    backoff = wait_exponential(multiplier=1, exp_base=2)
+    retrying = Retrying(stop=stop_after_attempt(attempts), wait=wait, reraise=True, sleep=sleep,
+                        retry=retry_if_exception(lambda exc: _transient(exc) and waits_for(exc) <= max_wait))
     return retrying(write_back, settings, ref, suggestion, outbox=outbox)
