@@ -395,7 +395,7 @@ def _probe_routes(app: FastAPI, svc: Service, settings: Settings) -> None:
     @app.get("/readyz", summary="Knowledge base open, worker running, state directory writable",
              responses={503: {"description": "Not ready: the body says which part is not"}})
     def readyz():
-        problem = state_dir_problem(settings.home)
+        problem = state_dir_problem(settings.home) or svc.worker.write_error
         ok = svc.ready.is_set() and svc.worker.alive and problem is None
         body = {"status": "ready" if ok else "not ready", "knowledge_base": svc.ready.is_set(),
                 "worker": svc.worker.alive, "state_dir_writable": problem is None, "queue": svc.queue.counts()}

@@ -290,3 +290,23 @@ def test_purged_and_dropped_text_leaves_the_write_ahead_log(tmp_path):
     assert queue.purge(older_than=1) == 1 and queue.drop([dead]) == 1
     assert not wal.exists() or wal.stat().st_size == 0  # folded into the database and emptied
     assert secret.encode() not in (wal.read_bytes() if wal.exists() else b"")
+
+
+def test_an_outcome_that_cannot_be_recorded_releases_the_event_once_the_disk_has_room(tmp_path, monkeypatch):
+    queue = make_queue(tmp_path)
+    event_id = add(queue, "d-1")
+    handled = []
+    worker = Worker(queue, lambda event: handled.append(event.id) or {"comment": "created"})
+    real_complete = queue.complete
+
+    def disk_full(*args, **kw):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(queue, "complete", disk_full)
+    with pytest.raises(sqlite3.OperationalError):
+        worker.run_once()
+    assert queue.get(event_id).status == "claimed" and "disk is full" in worker.write_error
+    assert queue.enqueue("github", "d-1", "o/r#1", {"n": "d-1"})[1] is False  # a redelivery is not lost: still held
+    monkeypatch.setattr(queue, "complete", real_complete)
+    assert worker.run_once().id == event_id  # released, claimed again and handled
+    assert queue.get(event_id).status == "done" and handled == [event_id, event_id] and worker.write_error is None

@@ -477,3 +477,14 @@ def test_a_jira_timestamp_that_is_no_time_is_refused_naming_it(live):
     payload["timestamp"] = "yesterday"
     answer = post_jira(live.url, payload)
     assert answer.status_code == 400 and "timestamp" in answer.text
+
+
+def test_readyz_is_not_ready_while_the_queue_cannot_be_written(live):
+    worker = live.service.worker
+    worker.write_error = "the event queue cannot be written: database or disk is full"
+    try:
+        answer = httpx.get(f"{live.url}/readyz")
+        assert answer.status_code == 503 and "disk is full" in answer.json()["error"]
+    finally:
+        worker.write_error = None
+    assert httpx.get(f"{live.url}/readyz").status_code == 200

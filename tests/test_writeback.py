@@ -566,3 +566,28 @@ def test_write_back_retrying_waits_for_a_rate_limit_to_reset_and_says_when_it_is
             write_back_retrying(settings, TicketRef(system="github", key="octo/ops#52"), make_suggestion(),
                                 sleep=waits.append, max_wait=300)
         assert waits == [] and limited.value.retry_after > 500
+
+
+def test_a_full_disk_never_leaves_a_torn_line_in_the_outbox(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from kb.tickets import outbox as outbox_module
+
+    outbox = tmp_path / "outbox.jsonl"
+    write_back(Settings(home=tmp_path), TicketRef(system="github", key="octo/ops#61"), make_suggestion(),
+               outbox=outbox)
+    before = outbox.read_bytes()
+    real_write = os.write
+
+    def disk_fills(fd, data):
+        real_write(fd, data[:10])  # part of the line reaches the file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outbox_module.os, "write", disk_fills)
+    with pytest.raises(OSError, match="No space left"):
+        write_back(Settings(home=tmp_path), TicketRef(system="github", key="octo/ops#62"), make_suggestion(),
+                   outbox=outbox)
+    assert outbox.read_bytes() == before
+    assert all(json.loads(line) for line in before.decode().splitlines())
+    assert oct(outbox.stat().st_mode & 0o777) == "0o600"

@@ -7,6 +7,7 @@ write-back would do: add the suggested labels and post the comment.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -61,7 +62,27 @@ class OutboxTicketSystem:
 
     def _record(self, action: str, method: str, path: str, body: dict) -> None:
         self.outbox.parent.mkdir(parents=True, exist_ok=True)
-        with self.outbox.open("a", encoding="utf-8") as sink:
-            sink.write(json.dumps({"at": self.at, "system": self.ref.system, "ticket": self.ref.key,
-                                   "action": action, "method": method, "path": path, "json": body},
-                                  ensure_ascii=False) + "\n")
+        line = (json.dumps({"at": self.at, "system": self.ref.system, "ticket": self.ref.key, "action": action,
+                            "method": method, "path": path, "json": body}, ensure_ascii=False) + "\n").encode()
+        append_whole_line(self.outbox, line)
+
+
+def append_whole_line(path: Path, line: bytes) -> None:
+    """Append one line whole or not at all: a write cut short (a full disk) is undone, so the file
+    never holds a torn line; the error is raised. Created owner-only (it holds ticket text)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(line):
+                written += os.write(fd, line[written:])
+            os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(fd)

@@ -220,6 +220,12 @@ class EventQueue:
                        (now + delay, error, event_id))
             return "queued"
 
+    def release(self, event_id: int) -> bool:
+        """Put one claimed event back in the queue, due now (its outcome could not be recorded)."""
+        with self._connect() as db:
+            return db.execute("UPDATE events SET status = 'queued', next_attempt_at = ? "
+                              "WHERE id = ? AND status = 'claimed'", (self.clock(), event_id)).rowcount == 1
+
     def recover(self) -> int:
         """Put events claimed by a process that died back in the queue; returns how many.
 

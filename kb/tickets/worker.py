@@ -41,6 +41,8 @@ class Worker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._unreleased: int | None = None  # an event in hand whose outcome could not be recorded
+        self.write_error: str | None = None  # why the queue cannot be written now (None: it can)
 
     def start(self) -> None:
         """Recover events left claimed by a previous process and start draining."""
@@ -77,10 +79,26 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
     def run_once(self) -> Event | None:
-        """Claim and handle one due event; returns it, or None when nothing was due."""
+        """Claim and handle one due event; returns it, or None when nothing was due.
+
+        When its outcome cannot be recorded (a full or failing disk), the event is released back to
+        the queue as soon as the queue can be written again, and ``write_error`` says why until then.
+        """
+        if self._unreleased is not None:
+            self.queue.release(self._unreleased)
+            log.info("released the event whose outcome could not be recorded", extra={"event_id": self._unreleased})
+            self._unreleased = self.write_error = None
         event = self.queue.claim()
         if event is None:
             return None
+        self.write_error = None  # the claim was written
+        try:
+            return self._handle(event)
+        except (sqlite3.Error, OSError) as exc:
+            self._unreleased, self.write_error = event.id, f"the event queue cannot be written: {exc}"
+            raise
+
+    def _handle(self, event: Event) -> Event:
         started = time.perf_counter()
         try:
             result = self.handler(event)
@@ -127,7 +145,8 @@ class Worker:
                 if self.run_once() is not None:
                     continue
                 due = self.queue.next_due_in()
-            except sqlite3.Error as exc:  # a locked or busy database: wait and try again
+            except (sqlite3.Error, OSError) as exc:  # a busy database or a full disk: wait and try again
+                self.write_error = self.write_error or f"the event queue cannot be written: {exc}"
                 log.error("queue error", extra={"error": str(exc)})
                 due = None
             self._wake.wait(self.poll if due is None else min(due, self.poll))
