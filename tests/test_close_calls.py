@@ -81,9 +81,15 @@ def _entry(a, b, answers=None):
             "answers": answers if answers is not None else {a: f"points to {a}", b: f"points to {b}"}}
 
 
+class _NoAliases(yaml.SafeDumper):
+    def ignore_aliases(self, data):
+        return True
+
+
 def _write(tmp_path, content):
     path = tmp_path / "close_calls.yaml"
-    path.write_text(yaml.safe_dump(content), encoding="utf-8")
+    # pmkb refuses YAML aliases, which safe_dump writes for objects used twice: write them out
+    path.write_text(yaml.dump(content, Dumper=_NoAliases), encoding="utf-8")
     return path
 
 

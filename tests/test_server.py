@@ -270,7 +270,7 @@ def test_jira_created_and_updated(live, api):
     wait_finished(live.service, created.json()["event_id"])
     calls = [(r["method"], r["path"]) for r in api.requests if "OPS-12" in r["path"]]
     assert calls == [("GET", "/rest/api/2/issue/OPS-12/comment"), ("GET", "/rest/api/2/issue/OPS-12"),
-                     ("PUT", "/rest/api/2/issue/OPS-12"), ("POST", "/rest/api/2/issue/OPS-12/comment")]
+                     ("POST", "/rest/api/2/issue/OPS-12/comment"), ("PUT", "/rest/api/2/issue/OPS-12")]
     put = next(r for r in api.requests if r["method"] == "PUT" and r["path"] == "/rest/api/2/issue/OPS-12")
     assert put["json"] == {"update": {"labels": [{"add": "rc:gpu_memory_error"}, {"add": "dim:hardware"},
                                                  {"add": "symptom:job_crash"}]}}
