@@ -380,8 +380,7 @@ def eval_cmd(
         filled = fill_dimensions(cases, engine.kb.taxonomy)
         echo_err("levers: the readings off, then knowledge bases of the written and of the public reports "
                  "(each built and fitted: several minutes) ...")
-        result["levers"] = lever_table(engine, filled, lambda e: [e.suggest(c.ticket) for c in filled],
-                                       [engine.suggest(c.ticket) for c in filled])
+        result["levers"] = lever_table(engine, filled, lambda e: [e.suggest(c.ticket) for c in filled], result)
     typer.echo(format_report(result, f"{labelled.name} against the knowledge base "
                                      f"({engine.kb.store.count()} incidents)"))
     results = {"knowledge_base": result}

@@ -91,9 +91,14 @@ class Calibrator:
         """Digest of what classifiers trained on these incidents learn from (the labelled readings included)."""
         digest = hashlib.sha256(training_fingerprint(voters, self.kb.embedder.model_id).encode())
         if self.readings is not None:
-            digest.update(self.settings.reading_labels.read_bytes())
-            digest.update(self.settings.readings.read_bytes())
+            digest.update(self._readings_digest.encode())
         return digest.hexdigest()
+
+    @cached_property
+    def _readings_digest(self) -> str:
+        """Digest of the readings files as loaded (read once, like ``readings``)."""
+        return hashlib.sha256(self.settings.reading_labels.read_bytes()
+                              + self.settings.readings.read_bytes()).hexdigest()
 
     def training_set(self, voters: list[Incident]) -> tuple[list[Incident], np.ndarray]:
         """The labelled voting incidents with their stored vectors."""

@@ -164,13 +164,10 @@ class SuggestionEngine:
         once per snapshot, so a batch job's pinned corpus keeps the index it started with)."""
         return node_history((snapshot or self.snapshot()).nodes(), node, exclude)
 
-    def _features(self, snapshot: CorpusSnapshot, text: str, vector: np.ndarray, similar: list[SimilarIncident],
-                  evidence: list[Evidence], text_log_proba: dict[str, np.ndarray] | None = None):
+    def _features(self, snapshot: CorpusSnapshot, vector: np.ndarray, similar: list[SimilarIncident],
+                  evidence: list[Evidence], text_log_proba: dict[str, np.ndarray]):
         tax = self.kb.taxonomy
         vectors = self._taxonomy_vectors
-        if text_log_proba is None:
-            text_log_proba = {name: c.log_proba([text], vector[None, :])[0]
-                              for name, c in snapshot.classifiers.items()}
         reading = (reading_feature(self.reader(snapshot).distributions(text_log_proba), snapshot.readings)
                    if snapshot.readings else None)
         cause_f = build_features(tax.cause_ids, evidence, similar, _cosine_map(vector, vectors, "cause:"),
@@ -190,7 +187,7 @@ class SuggestionEngine:
         def left_out(incident: Incident, vector: np.ndarray, text: str, text_log_proba: dict[str, np.ndarray]):
             similar = self.retriever.retrieve_similar(text, k=self.settings.neighbours, query_vector=vector,
                                                       exclude={incident.id})
-            return self._features(snapshot, text, vector, similar, find_evidence(text, self.signatures),
+            return self._features(snapshot, vector, similar, find_evidence(text, self.signatures),
                                   text_log_proba)
 
         return left_out
@@ -282,7 +279,7 @@ class SuggestionEngine:
         evidence = find_evidence(prepared.text, self.signatures)
         similar = self.retriever.retrieve_similar(prepared.query, k=self.settings.neighbours, query_vector=vector,
                                                   exclude=exclude, dense=dense)
-        cause_f, symptom_f = self._features(snapshot, prepared.query, vector, similar, evidence, text_log_proba)
+        cause_f, symptom_f = self._features(snapshot, vector, similar, evidence, text_log_proba)
         causes = predict(cause_f, self.calibration.root_cause)
         reader = self.reader(snapshot)
         readings = reader.read(prepared.text, vector, text_log_proba) if reader is not None else []

@@ -88,11 +88,14 @@ def subset_engine(engine: SuggestionEngine, keep: Callable, home: Path) -> Sugge
 
 
 def levers(engine: SuggestionEngine, cases: list[Case], run: Callable[[SuggestionEngine], list[Suggestion]],
-           full: list[Suggestion], with_sources: bool = True) -> dict[str, dict[str, float]]:
-    """The lever table: the engine as it is, with the readings off and, with ``with_sources``,
-    against the written reports alone and the public ones alone (each fitted anew; minutes)."""
-    rows = {"everything": lever_row(cases, full), "no scope/change readings": lever_row(cases, run(without_readings(
-        engine)))}
+           evaluated: dict, with_sources: bool = True) -> dict[str, dict[str, float]]:
+    """The lever table: the engine as ``evaluated`` (``evaluate``'s result on these cases), with the
+    readings off and, with ``with_sources``, against the written reports alone and the public ones
+    alone (each fitted anew; minutes)."""
+    figures = evaluated["figures"]
+    everything = {key: figures[key] for key in ("top1", "top3", "dimension", "mitigation")}
+    everything["platform_top1"] = evaluated["per_dimension"].get("platform", {}).get("top1", float("nan"))
+    rows = {"everything": everything, "no scope/change readings": lever_row(cases, run(without_readings(engine)))}
     if with_sources:
         with tempfile.TemporaryDirectory(prefix="pmkb-levers-") as tmp:
             for name, keep in (("written reports only", lambda i: i.source == BUNDLED_SOURCE),
