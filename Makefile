@@ -9,7 +9,7 @@ MPNET := $(VENV)/.mpnet-installed
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF
 PORT ?= 8501
 
-.PHONY: run test test-fast setup setup-llm setup-mpnet build chromium bench clean
+.PHONY: run test test-fast setup setup-llm setup-mpnet build chromium slurm bench clean
 
 $(CORE): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ setup-mpnet: $(MPNET)
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
+# A real Slurm for the remediation tests (tests/slurm_cluster.py starts a single-host cluster).
+slurm:
+	@command -v slurmctld >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; }
+
 build: $(CORE)
 	$(BIN)/pmkb build
 
@@ -47,7 +51,7 @@ run: build
 	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true \
 		--browser.gatherUsageStats false
 
-test: $(DEV) $(LLM) chromium
+test: $(DEV) $(LLM) chromium slurm
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

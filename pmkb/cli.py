@@ -284,6 +284,12 @@ def render_card(s) -> str:
                  + (f"   suspect: {', '.join(f'{k} {v}' for k, v in s.suspect.items())}" if s.suspect else ""))
     if s.node_history:
         lines.append(f"seen before: {s.node_history.summary()}")
+    if s.remediation:
+        plan = s.remediation
+        lines.append(f"remediation plan ({plan.scheduler}; `pmkb remediate` runs it, dry run first):")
+        lines += [f"  {n}. {step.summary}\n     $ {step.shown()}" for n, step in enumerate(plan.steps, 1)]
+        if plan.note:
+            lines.append(f"  note: {plan.note}")
     if s.evidence:
         lines.append("evidence:")
         lines += [f"  - [{e.signal}] {e.text}  -> {e.points_to}: {e.explanation}" for e in s.evidence[:6]]
@@ -433,7 +439,8 @@ def build() -> None:
     typer.echo(f"knowledge base ready: {knowledge.store.count()} incidents in {knowledge.store.location}")
 
 
-COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.queue_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd", "pmkb.mcp_cmd")
+COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.queue_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd", "pmkb.mcp_cmd",
+                   "pmkb.remediate_cmd")
 """Modules that add commands to the app through a ``register(app)`` function."""
 
 

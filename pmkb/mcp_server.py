@@ -1,8 +1,9 @@
 """The MCP server: the knowledge base as tools for Model Context Protocol clients (a thin shell over kb/).
 
 Tools: ``suggest`` (a ticket -> the Suggestion ``pmkb suggest --json`` prints), ``search`` (similar
-incidents, with label filters), ``node_history`` (earlier incidents naming a node) and ``taxonomy``
-(the label space). Transports: stdio, which desktop hosts launch, and streamable HTTP, where every
+incidents, with label filters), ``node_history`` (earlier incidents naming a node),
+``remediation_plan`` (the steps that take the suspect node out and resubmit the job, nothing run)
+and ``taxonomy`` (the label space). Transports: stdio, which desktop hosts launch, and streamable HTTP, where every
 request carries the bearer token ``PMKB_API_TOKEN``.
 
 The engine loads once per process, in a background thread as soon as the server starts, so the
@@ -21,21 +22,24 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Callable
+from typing import Annotated, Callable, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from kb.core.redact import redact
+from kb.core.remediation import RemediationPlan
 from kb.core.roles import Suggester
 from kb.core.settings import Settings
 from kb.core.suggestion import EmptyTicket, NodeHistory, SimilarIncident, Suggestion, Ticket
 from kb.core.taxonomy import Taxonomy, load_taxonomy
 from kb.engine.history import node_history, node_index
+from kb.engine.remediate import no_plan_reason, plan_for
 from kb.engine.search import Retriever
+from pmkb.ops import BodyLimit, ClientLimit, FairTurns
 
 log = logging.getLogger("pmkb.mcp")
 
@@ -109,7 +113,7 @@ class KnowledgeTools:
         self._ready = threading.Event()
         self._started = False
         self._start_lock = threading.Lock()
-        self._lock = threading.Lock()  # the engine is not known to be thread-safe
+        self._turns = FairTurns()  # one call at a time (the engine is not known to be thread-safe), clients in turn
         self._nodes: tuple[tuple, dict] = ((), {})
 
     @cached_property
@@ -165,22 +169,22 @@ class KnowledgeTools:
             raise ToolError(f"the knowledge base could not be loaded: {self.load_error}")
         return self._loaded
 
-    def suggest(self, ticket: Ticket) -> Suggestion:
+    def suggest(self, ticket: Ticket, client: str = "local") -> Suggestion:
         """The suggestion for one ticket (the engine redacts its text first)."""
         loaded = self.loaded()
-        with self._lock:
+        with self._turns.turn(client):
             return loaded.suggester.suggest(ticket)
 
-    def search(self, query: str, k: int, where: dict | None) -> list[SimilarIncident]:
+    def search(self, query: str, k: int, where: dict | None, client: str = "local") -> list[SimilarIncident]:
         """The k stored incidents most similar to the (redacted) query."""
         loaded = self.loaded()
-        with self._lock:
+        with self._turns.turn(client):
             return loaded.retriever.retrieve_similar(redact(query), k=k, where=where)
 
-    def node_history(self, node: str, limit: int) -> NodeHistory | None:
+    def node_history(self, node: str, limit: int, client: str = "local") -> NodeHistory | None:
         """Earlier incidents naming the node; the index is rebuilt only when the store changed."""
         kb = self.loaded().engine.kb
-        with self._lock:
+        with self._turns.turn(client):
             state = (kb.store.state(), kb.generation)
             if self._nodes[0] != state:
                 self._nodes = (state, node_index(kb.store.incidents()))
@@ -203,6 +207,13 @@ class KnowledgeTools:
         return where or None
 
 
+def caller(ctx: Context | None) -> str:
+    """Who is calling: the client address over HTTP, "stdio" for the one stdio client."""
+    request = getattr(ctx.request_context, "request", None) if ctx is not None else None
+    client = getattr(request, "client", None)
+    return client.host if client else "stdio"
+
+
 def _logged(tool: str, call: Callable, outcome: Callable = lambda result: {}):
     """Run a tool body, log what it did without its text, and turn a crash into a plain tool error."""
     started = time.perf_counter()
@@ -219,7 +230,7 @@ def _logged(tool: str, call: Callable, outcome: Callable = lambda result: {}):
 
 
 def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeTools]:
-    """The MCP server with its four tools over the knowledge base named by ``settings``."""
+    """The MCP server with its tools over the knowledge base named by ``settings``."""
     tools = KnowledgeTools(settings, engine)
 
     @asynccontextmanager
@@ -238,6 +249,7 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
                                                "scheduler output).")] = "",
         ticket_id: Annotated[Text, Field(description="Optional ticket key, echoed as the suggestion's id.",
                                          max_length=200)] = "ticket",
+        ctx: Context = None,
     ) -> Suggestion:
         """Suggest the symptom, root cause, mitigations and similar past incidents for a new ticket.
 
@@ -249,9 +261,11 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
         if not ticket.text().strip():
             raise ToolError("the ticket is empty: give a title, a description or a log excerpt")
 
+        client = caller(ctx)
+
         def run() -> Suggestion:
             try:
-                return tools.suggest(ticket)
+                return tools.suggest(ticket, client)
             except EmptyTicket as exc:
                 raise ToolError(str(exc)) from None
 
@@ -268,6 +282,7 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
         dimension: Annotated[Label, Field(description="Only incidents whose root cause is in this "
                                                            "dimension (hardware, platform or user).")] = None,
         mitigation: Annotated[Label, Field(description="Only incidents mitigated this way.")] = None,
+        ctx: Context = None,
     ) -> SearchResult:
         """Find the past incidents most similar to a text (BM25 and dense similarity fused), with scores.
 
@@ -276,8 +291,9 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
         """
         if not query.strip():
             raise ToolError("the query is empty: give ticket text or keywords")
+        client = caller(ctx)
         where = tools.filters(root_cause=root_cause, symptom=symptom, dimension=dimension, mitigation=mitigation)
-        return _logged("search", lambda: SearchResult(incidents=tools.search(query, k, where)),
+        return _logged("search", lambda: SearchResult(incidents=tools.search(query, k, where, client)),
                        lambda r: {"hits": len(r.incidents), "filters": sorted(where or {})})
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
@@ -286,6 +302,7 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
                                                 "ip-10-0-3-17 ...", min_length=1, max_length=200)],
         limit: Annotated[int, Field(description="How many incidents to list, newest first.",
                                     ge=1, le=MAX_RESULTS)] = 20,
+        ctx: Context = None,
     ) -> NodeHistory:
         """Earlier incidents of this cluster that name a node, newest first (like `pmkb node NODE --json`).
 
@@ -295,9 +312,46 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
         name = node.strip()
         if not name:
             raise ToolError("the node name is empty")
+        client = caller(ctx)
         return _logged("node_history",
-                       lambda: tools.node_history(name, limit) or NodeHistory(node=name, total=0, incidents=[]),
+                       lambda: tools.node_history(name, limit, client) or NodeHistory(node=name, total=0, incidents=[]),
                        lambda h: {"total": h.total})
+
+    @server.tool(annotations=READ_ONLY, structured_output=True)
+    def remediation_plan(
+        scheduler: Annotated[Literal["slurm", "kubernetes"], Field(description="The cluster's scheduler.")],
+        title: Annotated[Text, Field(description="The ticket's title.", max_length=2_000)] = "",
+        description: Annotated[Text, Field(description="The ticket's text as the reporter wrote it.")] = "",
+        log: Annotated[Text, Field(description="Optional log excerpt.")] = "",
+        ticket_id: Annotated[Text, Field(description="The ticket's key, cited in the drain reason or taint.",
+                                         max_length=200)] = "ticket",
+        job: Annotated[Label, Field(description="The job to resubmit (Slurm: default the job id the ticket "
+                                                "names; Kubernetes: the Job or PyTorchJob name).",
+                                    max_length=253)] = None,
+        namespace: Annotated[Text, Field(description="Kubernetes namespace of the job.", max_length=63)] = "default",
+        kind: Annotated[Literal["Job", "PyTorchJob"], Field(description="Kubernetes: the job's kind.")] = "Job",
+        ctx: Context = None,
+    ) -> RemediationPlan:
+        """The steps that take the ticket's suspect node out and resubmit its job without it, for Slurm
+        (scontrol lines) or Kubernetes (calls of the official client), each with what it changes and
+        how to undo it. Nothing runs: `pmkb remediate --apply` runs a plan when the team's policy
+        allows. A tool error says why there is no plan (not retry-safe, no node named, not sure)."""
+        ticket = Ticket(id=ticket_id, title=title, description=description, log=log)
+        if not ticket.text().strip():
+            raise ToolError("the ticket is empty: give a title, a description or a log excerpt")
+        client = caller(ctx)
+
+        def run() -> RemediationPlan:
+            try:
+                suggestion = tools.suggest(ticket, client)
+            except EmptyTicket as exc:
+                raise ToolError(str(exc)) from None
+            plan = plan_for(suggestion, scheduler, ticket.text(), job=job, namespace=namespace, kind=kind)
+            if plan is None:
+                raise ToolError(no_plan_reason(suggestion))
+            return plan
+
+        return _logged("remediation_plan", run, lambda p: {"node": p.node, "steps": len(p.steps)})
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     def taxonomy() -> Taxonomy:
@@ -345,6 +399,8 @@ def http_app(server: MCPServer, settings: Settings, host: str):
         raise ValueError(problem)
     app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host,
                                      max_request_body_size=settings.max_request_bytes)
+    app = BodyLimit(app, limit=settings.max_request_bytes, read_timeout=settings.request_read_timeout)
+    app = ClientLimit(app, settings.max_calls_per_client, guards=lambda scope: scope["method"] == "POST")
     return BearerToken(app, settings.api_token.get_secret_value())
 
 
@@ -364,10 +420,10 @@ def serve_stdio(settings: Settings) -> None:
 
 
 def serve_http(settings: Settings, host: str, port: int) -> None:
-    """Serve streamable HTTP on host:port with uvicorn until interrupted; the engine starts loading at once."""
-    import uvicorn
+    """Serve streamable HTTP on host:port (pmkb.listener) until interrupted; the engine starts loading at once."""
+    from pmkb.listener import serve_app
 
     server, tools = build_server(settings)
     app = http_app(server, settings, host)
     tools.start()
-    uvicorn.run(app, host=host, port=port, log_config=None, server_header=False)
+    serve_app(app, host, port, settings.header_timeout, settings.max_connections)

@@ -1,6 +1,7 @@
-"""Operational parts of the webhook service: rate limiting, metrics, request size limit, JSON logs.
+"""Operational parts of the HTTP services: rate limiting, metrics, request size limit, work per
+client, JSON logs.
 
-Used by pmkb.server; nothing here knows about tickets or the knowledge base.
+Used by pmkb.server and pmkb.mcp_server; nothing here knows about tickets or the knowledge base.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import re
 import sys
 import threading
 import time
+from collections import deque
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
-from fastapi.responses import JSONResponse
+from starlette.responses import JSONResponse
 
 log = logging.getLogger("pmkb.server")
 
@@ -134,6 +137,82 @@ class BodyLimit:
             self.on_reject(scope["path"], outcome)
         await JSONResponse({"detail": detail}, status_code=status,
                            headers={"Connection": "close"})(scope, receive, send)
+
+
+def client_of(scope) -> str:
+    """The client address of an ASGI scope (uvicorn puts the forwarded one there behind a trusted proxy)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+class ClientLimit:
+    """ASGI middleware: at most ``per_client`` requests in hand at once from one client address on
+    the guarded requests (more: 429 with Retry-After), so one client cannot queue its work ahead of
+    everyone else's."""
+
+    def __init__(self, app, per_client: int, guards=lambda scope: True, on_reject=None):
+        self.app, self.per_client, self.guards, self.on_reject = app, per_client, guards, on_reject
+        self.in_hand: dict[str, int] = {}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.guards(scope):
+            return await self.app(scope, receive, send)
+        client = client_of(scope)
+        if self.in_hand.get(client, 0) >= self.per_client:
+            log.warning("429 for %s: %d requests already in hand from this client (PMKB_MAX_CALLS_PER_CLIENT)",
+                        client, self.per_client)
+            if self.on_reject:
+                self.on_reject(scope["path"], "client_busy")
+            detail = (f"{self.per_client} requests from this client are already in hand; retry when one "
+                      f"has answered")
+            return await JSONResponse({"detail": detail}, status_code=429, headers={"Retry-After": "1"})(
+                scope, receive, send)
+        self.in_hand[client] = self.in_hand.get(client, 0) + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_hand[client] -= 1
+            if not self.in_hand[client]:
+                del self.in_hand[client]
+
+
+class FairTurns:
+    """A lock that serves its waiters by client in turn: the next turn goes to the waiting client
+    served longest ago, so a client with many calls queued cannot keep another's one call waiting
+    behind all of them (it waits for at most one call of each other client)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._busy = False
+        self._waiting: dict[str, deque] = {}
+        self._served: dict[str, int] = {}  # client -> the turn it was last served at
+        self._turns = 0
+
+    @contextmanager
+    def turn(self, client: str):
+        """Hold the lock for ``client``, once its turn has come."""
+        me = object()
+        with self._cond:
+            self._waiting.setdefault(client, deque()).append(me)
+            while self._busy or self._next() is not me:
+                self._cond.wait()
+            self._waiting[client].popleft()
+            if not self._waiting[client]:
+                del self._waiting[client]
+            self._turns += 1
+            self._served[client] = self._turns
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._served = {c: t for c, t in self._served.items() if c in self._waiting}
+                self._cond.notify_all()
+
+    def _next(self):
+        client = min(self._waiting, key=lambda c: self._served.get(c, 0))
+        return self._waiting[client][0]
 
 
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {

@@ -39,7 +39,7 @@ from pmkb.api_models import (
     AnnotateRequest,
     error_responses,
 )
-from pmkb.ops import BodyLimit, Metrics, TokenBucket, configure_logging
+from pmkb.ops import BodyLimit, ClientLimit, FairTurns, Metrics, TokenBucket, client_of, configure_logging
 from pmkb.payloads import (
     BadPayload,
     Ignored,
@@ -124,7 +124,7 @@ class Service:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self._http = None  # one connection pool for all write-backs
-        self._suggest_lock = threading.Lock()  # the engine is not known to be thread-safe
+        self._turns = FairTurns()  # one suggestion at a time (the engine is not known to be thread-safe)
 
     def start(self) -> None:
         """Open the knowledge base in the background, then start the worker."""
@@ -165,9 +165,9 @@ class Service:
         except sqlite3.Error as exc:  # a full or read-only disk: the next start folds it in
             log.warning("could not checkpoint the event queue on shutdown: %s", exc)
 
-    def suggest(self, ticket: Ticket) -> Suggestion:
-        """One suggestion from the shared suggester, serialised with other callers."""
-        with self._suggest_lock:
+    def suggest(self, ticket: Ticket, client: str = "queue worker") -> Suggestion:
+        """One suggestion from the shared suggester, serialised with other callers (clients in turn)."""
+        with self._turns.turn(client):
             return self.suggester.suggest(ticket)
 
     def handle(self, event: Event) -> dict:
@@ -273,6 +273,9 @@ def create_app(settings: Settings, engine=None, insecure_dev: bool = False, poll
     app.state.service = svc
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes, read_timeout=settings.request_read_timeout,
                        on_reject=lambda path, outcome: svc.metrics.received.labels(_source(path), outcome).inc())
+    app.add_middleware(ClientLimit, per_client=settings.max_calls_per_client,
+                       guards=lambda scope: scope["path"] == "/v1/annotate",
+                       on_reject=lambda path, outcome: svc.metrics.received.labels("api", outcome).inc())
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -364,7 +367,8 @@ def _annotate_route(app: FastAPI, svc: Service, settings: Settings, insecure_dev
 
     @app.post("/v1/annotate", response_model=Suggestion, summary="Suggest for one ticket, synchronously",
               responses=error_responses(400, 401, 404, 408, 413, 422, 429, 503))
-    def annotate(req: AnnotateRequest, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
+    def annotate(req: AnnotateRequest, request: Request,
+                 credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
         if not _configured(settings.api_token) and not insecure_dev:
             raise HTTPException(404, "the annotate API is not configured: set PMKB_API_TOKEN")
         if _configured(settings.api_token) and not (credentials and _same(settings.api_token.get_secret_value(),
@@ -377,7 +381,7 @@ def _annotate_route(app: FastAPI, svc: Service, settings: Settings, insecure_dev
             raise HTTPException(503, svc.load_error or "the knowledge base is still loading; retry shortly",
                                 headers={"Retry-After": "5"})
         try:
-            result = svc.suggest(Ticket(**req.model_dump(exclude_none=True)))
+            result = svc.suggest(Ticket(**req.model_dump(exclude_none=True)), client_of(request.scope))
         except EmptyTicket as exc:
             svc.metrics.received.labels("api", "bad_request").inc()
             raise HTTPException(400, str(exc)) from exc
@@ -418,14 +422,14 @@ def jsonable_errors(exc: RequestValidationError) -> list[dict]:
 
 
 def serve(settings: Settings, host: str, port: int, insecure_dev: bool) -> None:
-    """Run the service with uvicorn until interrupted."""
-    import uvicorn
+    """Run the service (pmkb.listener) until interrupted."""
+    from pmkb.listener import serve_app
 
     configure_logging()
     log.info("starting", extra={"host": host, "port": port, "home": str(settings.home),
                                 "queue": str(Path(settings.home) / QUEUE_FILE)})
-    uvicorn.run(create_app(settings, insecure_dev=insecure_dev), host=host, port=port, log_config=None,
-                server_header=False)
+    serve_app(create_app(settings, insecure_dev=insecure_dev), host, port, settings.header_timeout,
+              settings.max_connections)
 
 
 if __name__ == "__main__":  # pragma: no cover - ``pmkb serve`` is the entry point

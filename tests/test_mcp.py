@@ -28,7 +28,7 @@ NODE = "gpu-a17"
 TOKEN = "mcp-test-token-3f9a"
 SECRET = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 MARKER = "quokka-marmalade-7731"
-TOOLS = {"suggest", "search", "node_history", "taxonomy"}
+TOOLS = {"suggest", "search", "node_history", "remediation_plan", "taxonomy"}
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -91,6 +91,16 @@ async def exercise(session, cli_suggestion: dict) -> None:
     assert [i["id"] for i in result.structured_content["incidents"]] == ["ops-17", "ops-3"]  # newest first
     result = await session.call_tool("node_history", {"node": "gpu-zz99"})
     assert result.structured_content == {"node": "gpu-zz99", "total": 0, "incidents": []}
+
+    result = await session.call_tool("remediation_plan", {**XID_79, "scheduler": "slurm", "ticket_id": "OPS-9"})
+    assert not result.is_error, result.content
+    plan = result.structured_content
+    assert plan["node"] == NODE and plan["job"] == "4411" and plan["steps"][0]["argv"][:3] == [
+        "scontrol", "update", f"NodeName={NODE}"] and "OPS-9" in plan["reason"]
+    result = await session.call_tool("remediation_plan", {"scheduler": "kubernetes", "job": "train",
+                                                          "description": "ModuleNotFoundError: No module named "
+                                                                         "'apex' in my image"})
+    assert result.is_error and "no remediation plan" in result.content[0].text
 
     result = await session.call_tool("taxonomy", {})
     causes = {c["id"]: c["dimension"] for c in result.structured_content["root_causes"]}
@@ -162,8 +172,9 @@ def test_http_needs_the_bearer_token(mcp_kb, kb_copy, tmp_path):
     url = f"http://127.0.0.1:{port}/mcp"
     errlog = (tmp_path / "stderr.log").open("w")
     server = subprocess.Popen([sys.executable, "-m", "pmkb", "--kb", str(kb_copy), "mcp", "--http", str(port)],
-                              env=child_env(PMKB_API_TOKEN=TOKEN), cwd=ROOT, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=errlog)
+                              env=child_env(PMKB_API_TOKEN=TOKEN, PMKB_REQUEST_READ_TIMEOUT="1",
+                                            PMKB_HEADER_TIMEOUT="1", PMKB_MAX_CALLS_PER_CLIENT="1"),
+                              cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errlog)
     try:
         deadline = time.time() + 120
         while True:
@@ -187,11 +198,32 @@ def test_http_needs_the_bearer_token(mcp_kb, kb_copy, tmp_path):
                 await exercise(session, mcp_kb[1])
 
         anyio.run(run)
+        slow_clients_are_cut(port)
     finally:
         server.terminate()
         server.wait(timeout=30)
         errlog.close()
     assert_clean_log((tmp_path / "stderr.log").read_text())
+
+
+def slow_clients_are_cut(port: int) -> None:
+    """Headers and an authenticated body that trickle in are cut at 1 s (408), and while one call
+    is in hand (the trickling body) the same client's next call is refused (429)."""
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    with socket.create_connection(("127.0.0.1", port)) as headers:
+        headers.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        started = time.monotonic()
+        headers.settimeout(5)
+        assert headers.recv(4096).startswith(b"HTTP/1.1 408") and time.monotonic() - started < 3
+    with socket.create_connection(("127.0.0.1", port)) as body:
+        body.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"Content-Type: application/json\r\n"
+                     b"Accept: application/json, text/event-stream\r\nContent-Length: 500\r\n\r\n{")
+        time.sleep(0.2)
+        second = httpx.post(f"http://127.0.0.1:{port}/mcp", json=INITIALIZE, timeout=5,
+                            headers={"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream"})
+        assert second.status_code == 429 and second.headers["Retry-After"] == "1"
+        body.settimeout(5)
+        assert body.recv(4096).startswith(b"HTTP/1.1 408")
 
 
 @pytest.mark.parametrize("token, message", [(None, "--http needs a bearer token: set PMKB_API_TOKEN"),

@@ -29,8 +29,9 @@ FIRST_PARTY = {"kb", "ingest", "pmkb", "ui", "pmkb_data", "pmkb_prompts", "__fut
 CORE_CODE = ["kb/*.py", "ingest/*.py", "pmkb/cli.py", "pmkb/options.py", "pmkb/extras.py", "pmkb/*_cmd.py"]
 """What `pmkb build` and `pmkb suggest` load: kb/, ingest/ and the command line with every
 command module it registers at start-up."""
-EXTRA_CODE = {"serve": ["pmkb/server.py", "pmkb/ops.py", "pmkb/payloads.py", "pmkb/api_models.py"],
-              "app": ["app.py", "ui/*.py"], "mcp": ["pmkb/mcp_server.py"]}
+EXTRA_CODE = {"serve": ["pmkb/server.py", "pmkb/ops.py", "pmkb/payloads.py", "pmkb/api_models.py",
+                        "pmkb/listener.py"],
+              "app": ["app.py", "ui/*.py"], "mcp": ["pmkb/mcp_server.py", "pmkb/ops.py", "pmkb/listener.py"]}
 """The shells that need an extra: their module-level imports are covered by core + that extra."""
 ALL_CODE = ["kb/*.py", "ingest/*.py", "pmkb/*.py", "ui/*.py", "app.py"]
 

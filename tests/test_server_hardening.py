@@ -242,3 +242,82 @@ def test_finished_events_are_purged_after_the_retention(kb_home, api, embedder, 
         with sqlite3.connect(server.service.queue.path) as db:
             assert db.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
             assert db.execute("SELECT COUNT(*) FROM tickets").fetchone()[0] == 1
+
+
+def test_one_client_with_an_annotate_call_in_hand_is_refused_a_second(kb_home, api, embedder, tmp_path):  # noqa: F811
+    with start(kb_home, api, tmp_path, embedder, max_calls_per_client=1, request_read_timeout=2.0) as server:
+        ready(server)
+        with socket.create_connection(("127.0.0.1", server.port)) as held:
+            held.sendall(b"POST /v1/annotate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_TOKEN.encode()
+                         + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            time.sleep(0.3)
+            second = httpx.post(f"{server.url}/v1/annotate", json={"title": "Xid 79", "description": "GPU lost"},
+                                headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60)
+            assert second.status_code == 429 and second.headers["Retry-After"] == "1"
+            assert "already in hand" in second.json()["detail"]
+            assert post_github(server.url, issues_event("opened", 41, *ECC), "per-client-1").status_code == 202
+            held.settimeout(5)
+            assert held.recv(4096).startswith(b"HTTP/1.1 408")
+        answered = httpx.post(f"{server.url}/v1/annotate", json={"title": "Xid 79", "description": "GPU lost"},
+                              headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60)
+        assert answered.status_code == 200
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'pmkb_webhook_events_total{outcome="client_busy",source="api"} 1.0' in metrics
+
+
+def _few_files():
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+@pytest.mark.slow
+def test_pmkb_serve_stays_reachable_through_a_flood_of_slow_connections(kb_home, tmp_path):  # noqa: F811
+    """The issue's flood, scaled to a 256-file limit: 400 connections trickling headers, then the
+    probes and a signed webhook still answer at once, and each trickler is cut at the header timeout."""
+    import subprocess
+    import sys
+
+    from test_server import free_port
+
+    from tests.conftest import ROOT
+
+    home = tmp_path / "kb"
+    shutil.copytree(kb_home, home)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
+        "PMKB_HOME": str(home), "PMKB_GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "PMKB_WRITEBACK_OUTBOX":
+        str(tmp_path / "outbox.jsonl"), "PMKB_HEADER_TIMEOUT": "3", "PMKB_EMBEDDING_DEVICE": "cpu"}
+    errlog = (tmp_path / "stderr.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "pmkb", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errlog, preexec_fn=_few_files)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def listening():
+            assert server.poll() is None, (tmp_path / "stderr.log").read_text()[-2000:]
+            try:
+                return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(listening, 120, "pmkb serve to listen")
+        slow = []
+        for _ in range(400):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            slow.append(sock)
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+        assert post_github(url, issues_event("opened", 7, *ECC), "flood-7").status_code == 202
+        assert time.monotonic() - started < 5
+        last = slow[-1]
+        last.settimeout(6)
+        assert last.recv(4096).startswith(b"HTTP/1.1 408")  # a survivor is cut at the header timeout
+        for sock in slow:
+            sock.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+        errlog.close()
+    text = (tmp_path / "stderr.log").read_text()
+    assert "PMKB_MAX_CONNECTIONS" in text and "PMKB_HEADER_TIMEOUT" in text

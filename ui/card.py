@@ -25,7 +25,8 @@ def apply_threshold(suggestion: Suggestion, threshold: float, taxonomy: Taxonomy
     cause_safe = (taxonomy.root_cause(suggestion.root_cause).retry_safe
                   if suggestion.root_cause in taxonomy.cause_ids else False)
     shown = suggestion.model_copy(update={"abstained": abstained, "abstain_reason": reason,
-                                          "retry_safe": cause_safe and not abstained})
+                                          "retry_safe": cause_safe and not abstained,
+                                          "remediation": None if abstained else suggestion.remediation})
     shown.explanation = explain(shown)
     return shown
 
@@ -151,6 +152,21 @@ def _safety(s: Suggestion) -> None:
         right.markdown(f"**Seen before:** {md(s.node_history.summary())}")
 
 
+def _remediation(s: Suggestion) -> None:
+    plan = s.remediation
+    if plan is None:
+        return
+    with st.expander(f"Remediation plan ({plan.scheduler}): take {plan.node} out"
+                     + (f", resubmit job {plan.job}" if plan.job else ""), icon=":material/build:"):
+        for n, step in enumerate(plan.steps, 1):
+            st.markdown(f"{n}. **{md(step.summary)}**  \n{md(step.changes)}")
+            st.code(step.shown(), language="bash" if step.argv else "python")
+        if plan.note:
+            st.caption(md(plan.note))
+        st.caption(f"Nothing has run. `pmkb remediate --scheduler {plan.scheduler} --id {md(plan.ticket)}` "
+                   "prints this plan; `--apply` runs it when the team's policy allows (docs/remediation.md).")
+
+
 def _mitigations(s: Suggestion, taxonomy: Taxonomy) -> None:
     st.markdown("#### Mitigations")
     for rank, step in enumerate(s.mitigations, 1):
@@ -205,6 +221,7 @@ def render_card(shown: Suggestion, taxonomy: Taxonomy, threshold: float,
         st.markdown(f"**Symptom:** {md(_name(taxonomy, 'symptom', shown.symptom))} "
                     f"{shown.symptom_confidence:.0%}")
         _safety(shown)
+    _remediation(shown)
     _low_util(shown)
     _mitigations(shown, taxonomy)
     st.caption(md(shown.explanation))

@@ -175,6 +175,21 @@ class Settings(BaseSettings):
     queue_retention_days: float = Field(7.0, gt=0)
     # Seconds a client may take to send its whole request body (slower: 408).
     request_read_timeout: float = Field(10.0, gt=0)
+    # Seconds a connection may take to send a request's headers, from connecting or from the end of
+    # the previous response (slower: 408 and closed), on both HTTP services.
+    header_timeout: float = Field(10.0, gt=0, le=300)
+    # Most client connections an HTTP service holds (fewer when the open-file limit is lower); at the
+    # limit the connection that waited longest without a request is closed to make room.
+    max_connections: int = Field(1000, ge=16)
+    # The scheduler remediation plans are written for (slurm or kubernetes); unset: suggestions carry
+    # no plan (``pmkb remediate --scheduler`` still makes one).
+    scheduler: Literal["slurm", "kubernetes"] | None = None
+    # The policy file that lets plans run unattended (``pmkb remediate --apply``, the bot);
+    # unset: nothing runs unattended.
+    remediation_policy: Path | None = None
+    # Most requests one client address may have in hand at once on the work endpoints (MCP tool
+    # calls, /v1/annotate); more: 429. Calls from different clients take turns on the engine.
+    max_calls_per_client: int = Field(4, ge=1)
     # Seconds allowed for each GitHub / Jira REST call.
     writeback_timeout: float = Field(15.0, gt=0)
     # Dry run: append the intended write-back calls to this JSONL file instead of making them.

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.core.readings import Reading
+from kb.core.remediation import RemediationPlan
 
 
 class Evidence(BaseModel):
@@ -190,6 +191,9 @@ class Suggestion(BaseModel):
     retry_safe: bool  # would resubmitting (excluding the suspect node) likely clear it?
     suspect: dict[str, str] | None = None  # node / GPU named in the ticket
     node_history: NodeHistory | None = None  # earlier incidents of this cluster naming the suspect node
+    # Take the suspect node out and resubmit without it, for the cluster's scheduler (PMKB_SCHEDULER);
+    # None when not retry-safe, no node is named or no scheduler is set.
+    remediation: RemediationPlan | None = None
     similar_incidents: list[SimilarIncident]
     evidence: list[Evidence]
     low_gpu_utilisation: list[LowUtilisationHint] = Field(default_factory=list)

@@ -37,6 +37,7 @@ from kb.engine.history import node_history
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import low_utilisation_hints, rank_mitigations, wants_low_utilisation_hints
 from kb.engine.readings import Reader, reading_feature
+from kb.engine.remediate import plan_for
 from kb.engine.search import VotingRetriever
 from kb.engine.sets import close_call, prediction_sets
 from kb.engine.settle import AnswerOdds, answer_odds, settle, settle_by_engineer
@@ -365,6 +366,8 @@ class SuggestionEngine:
             node_history=history, readings=readings,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace=self.describe())
+        if self.settings.scheduler:
+            suggestion.remediation = plan_for(suggestion, self.settings.scheduler, text)
         suggestion.explanation = explain(suggestion)
         suggestion.trace["latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
         return suggestion

@@ -34,6 +34,7 @@ from kb.core.suggestion import Candidate, Suggestion, Ticket
 from kb.core.untrusted import injection_markers, neutralise, strip_instruction_lines
 from kb.engine.evidence import find_evidence
 from kb.engine.mitigate import rank_mitigations
+from kb.engine.remediate import plan_for
 from kb.engine.suggest import SuggestionEngine
 from kb.llm.backends import (
     Generator,
@@ -320,6 +321,10 @@ class LLMSuggester:
             update.update(symptom=symptom, symptom_confidence=next(
                 c.confidence for c in base.symptom_candidates if c.id == symptom))
         shown = base.model_copy(update=update)
+        if cause != base.root_cause and self.settings.scheduler:  # the plan follows the cause shown
+            shown.remediation = plan_for(shown, self.settings.scheduler,
+                                         job=base.remediation.job if base.remediation else None)
+        update["remediation"] = shown.remediation
         text, fit = fit_explanation(answer.explanation, self.explanation_chars)
         trace["llm_explanation_fit"] = fit
         if not cause_ok:

@@ -111,6 +111,11 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
                  + (f". {bold('Suspect:')} {suspect}" if suspect else ""))
     if s.node_history:
         lines.append(f"{bold('Seen before:')} {text(s.node_history.summary(), 600)}")
+    if s.remediation:
+        lines.append(f"{bold('Remediation plan')} ({s.remediation.scheduler}, not run: `pmkb remediate` runs it "
+                     f"when the policy allows): " + "; ".join(
+                         f"{n}. {text(step.summary, 160)} {code(inert_code(step.shown(), system, 300))}"
+                         for n, step in enumerate(s.remediation.steps, 1)))
     labels = suggestion_labels(s)
     lines.append(f"{bold('Labels:')} " + (" ".join(code(label) for label in labels) if labels else "none"))
     if s.explanation:
