@@ -168,12 +168,25 @@ class ClientLimit:
             return await JSONResponse({"detail": detail}, status_code=429, headers={"Retry-After": "1"})(
                 scope, receive, send)
         self.in_hand[client] = self.in_hand.get(client, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_hand[client] -= 1
+                if not self.in_hand[client]:
+                    del self.in_hand[client]
+
+        async def sending(message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                release()  # answered: the client may send its next call, even before the app returns
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sending)
         finally:
-            self.in_hand[client] -= 1
-            if not self.in_hand[client]:
-                del self.in_hand[client]
+            release()
 
 
 class FairTurns:

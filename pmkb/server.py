@@ -125,6 +125,8 @@ class Service:
         self.load_error: str | None = None
         self._http = None  # one connection pool for all write-backs
         self._turns = FairTurns()  # one suggestion at a time (the engine is not known to be thread-safe)
+        self._remediation = None  # (policy, cluster, audit log) once read
+        self.cluster_factory = _cluster_for  # the scheduler's cluster client (tests give their own)
 
     def start(self) -> None:
         """Open the knowledge base in the background, then start the worker."""
@@ -172,6 +174,7 @@ class Service:
 
     def handle(self, event: Event) -> dict:
         """Worker handler: suggest for the queued ticket and write the result back."""
+        from kb.jobs.remediate import act_unattended
         from kb.tickets.writeback import TicketRef, WriteBackError, write_back
 
         if self.queue.stale(event):  # e.g. a replayed delivery of an older version of the ticket
@@ -182,6 +185,8 @@ class Service:
             raise Skipped("ticket text unchanged since the last write-back")
         try:
             suggestion = self.suggest(Ticket(**event.payload["ticket"]))
+            if suggestion.remediation is not None and (acting := self.remediator()) is not None:
+                suggestion.remediation = act_unattended(suggestion.remediation, *acting, actor="pmkb serve")
             ref = TicketRef(system=event.payload["system"], key=event.ticket)
             if self._http is None and self.settings.writeback_outbox is None:
                 import httpx
@@ -195,6 +200,25 @@ class Service:
             if not exc.retryable:
                 raise PermanentError(str(exc)) from exc
             raise RetryLater(str(exc), exc.retry_after) from exc
+
+    def remediator(self):
+        """(policy, cluster, audit log) when the policy lets the bot act on its own, else None; a policy
+        that cannot be read is logged once and never acts."""
+        from kb.core.remediation import RemediationError, load_policy
+        from kb.jobs.remediate import AUDIT_FILE, AuditLog
+
+        if self.settings.remediation_policy is None or not self.settings.scheduler:
+            return None
+        if self._remediation is None:
+            try:
+                policy = load_policy(self.settings.remediation_policy, self.engine.kb.taxonomy.cause_ids)
+                cluster = self.cluster_factory(self.settings.scheduler) if policy.bot_may_act else None
+                self._remediation = (policy, cluster, AuditLog(self.settings.home / AUDIT_FILE))
+            except (RemediationError, ImportError) as exc:
+                log.error("the bot will not remediate: %s", exc)
+                self._remediation = (None, None, None)
+        policy, cluster, audit = self._remediation
+        return (policy, cluster, audit) if policy is not None and policy.bot_may_act else None
 
     def _outcome(self, event: Event, outcome: str, seconds: float) -> None:
         self.metrics.processing.labels(event.source).observe(seconds)
@@ -247,6 +271,12 @@ class Service:
             return self.reject(source, 429, "rate_limited", f"too many {source} requests; retry later",
                                headers={"Retry-After": str(max(1, round(wait)))})
         return None
+
+
+def _cluster_for(scheduler: str):
+    from kb.jobs.remediate import KubernetesCluster, SlurmCluster
+
+    return SlurmCluster() if scheduler == "slurm" else KubernetesCluster()
 
 
 def _same(expected: str, given: str | None) -> bool:

@@ -92,6 +92,11 @@ PartitionName=gpu Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
         self.wait(lambda: self.node_states() == dict.fromkeys(NODES, "idle"), 60, "both nodes idle")
 
     def stop(self) -> None:
+        try:  # the jobs first, so no batch script outlives its slurmd
+            self.run("scancel", "--user", "root")
+            self.wait(lambda: not self.run("squeue", "-h"), 30, "the jobs to end")
+        except (RuntimeError, TimeoutError, subprocess.TimeoutExpired):
+            pass
         for daemon in self.daemons:
             daemon.terminate()
         for daemon in self.daemons:

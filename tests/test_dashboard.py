@@ -105,3 +105,20 @@ def test_the_bundled_knowledge_base_adds_up(shared_bundled_kb):
     comparison = dimension_comparison(rows, kb.taxonomy)
     assert [r["published"] for r in comparison] == [0.2833, 0.2833, 0.4334]
     assert sum(r["incidents"] for r in over_time(rows)) == summary(rows)["dated"]
+
+
+def test_automation_counts_this_clusters_labelled_incidents_only(taxonomy):
+    from kb.jobs.dashboard import automation
+
+    def incident(n, cause, mitigation, text, source="ops"):
+        return Incident(id=f"i-{n}", title=text, description=text, root_cause=cause, mitigation=mitigation,
+                        source=source, provenance=Provenance.human_labelled)
+
+    incidents = [incident(1, "gpu_lost", "node_repair", "Xid 79 on node gpu-a17"),
+                 incident(2, "gpu_lost", "job_resubmission", "Xid 79 again on node gpu-a17"),
+                 incident(3, "gpu_memory_error", "user_code_improvement", "ECC error on host gpu-b02"),
+                 incident(4, "buggy_code", "user_code_improvement", "NaN loss on node gpu-c03"),
+                 incident(5, "gpu_lost", "node_repair", "Xid 79 on node gpu-z99", source="pmkb-bundled")]
+    figures = automation(incidents, taxonomy, 20)
+    assert (figures["total"], figures["plans"], figures["right"]) == (4, 3, 2)
+    assert figures["repeat_offenders"] == [("gpu-a17", 2)] and figures["minutes_saved"] == 40

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
 import pytest
+from test_server import kb_home  # noqa: F401 - a fixture
 
 from kb.core.remediation import Policy, RemediationError, Step, find_job, load_policy
 from kb.core.suggestion import Ticket
@@ -348,3 +349,49 @@ def test_pmkb_remediate_drains_the_node_and_the_requeued_job_runs_elsewhere(slur
     assert [r["event"] for r in audit] == ["plan", "plan", "step", "step", "step", "plan", "refused", "undo", "undo"]
     assert all(r["outcome"] == "done" for r in audit if r["event"] in ("step", "undo"))
     slurm.run("scancel", job)
+
+
+class PolicyCluster(FakeCluster):
+    """A fake cluster that also answers the policy's questions: 20 nodes in the partition, none out."""
+
+    def node_drained(self, node: str) -> bool:
+        return any(r == "drain" for r in self.ran)
+
+    def partition(self, node: str) -> tuple[int | None, int]:
+        return 20, 0
+
+
+@pytest.mark.parametrize("bot_may_act", [True, False])
+def test_the_bot_acts_only_when_its_policy_says_so_and_says_in_the_ticket_what_it_did(
+        bot_may_act, kb_home, embedder, tmp_path):  # noqa: F811
+    import shutil
+
+    from fake_ticket_api import FakeTicketApi
+    from test_server import GITHUB_SECRET, REPO, LiveServer, issues_event, post_github, wait_finished
+
+    from kb.engine.knowledge import KnowledgeBase
+    from pmkb.server import create_app
+    from tests.conftest import make_settings
+
+    home = tmp_path / "kb"
+    shutil.copytree(kb_home, home)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"causes: [gpu_lost]\nmin_confidence: 0.5\nbot_may_act: {str(bot_may_act).lower()}\n")
+    cluster = PolicyCluster()
+    with FakeTicketApi() as api:
+        settings = make_settings(home, github_webhook_secret=GITHUB_SECRET, github_api_url=api.url,
+                                 github_token="t", queue_backoff=0.1, scheduler="slurm", remediation_policy=policy)
+        app = create_app(settings, engine=SuggestionEngine(KnowledgeBase(settings, embedder=embedder)), poll=0.1)
+        app.state.service.cluster_factory = lambda scheduler: cluster
+        with LiveServer(app) as server:
+            event = post_github(server.url, issues_event("opened", 12, XID.title, XID.description), "bot-1").json()
+            assert wait_finished(server.service, event["event_id"], 120).status == "done"
+            comment = api.comments[f"{REPO}#12"][-1]["body"]
+    if bot_may_act:
+        assert cluster.ran == ["drain", "requeue", "exclude_node"]
+        assert "**Remediation** (slurm): run by pmkb under the team" in comment and "Drain gpu-a17" in comment
+        audit = [json.loads(line) for line in (home / "remediation_audit.jsonl").read_text().splitlines()]
+        assert {r["actor"] for r in audit} == {"pmkb serve"} and [r["event"] for r in audit][-3:] == ["step"] * 3
+    else:
+        assert cluster.ran == [] and not (home / "remediation_audit.jsonl").exists()
+        assert "**Remediation plan** (slurm, not run" in comment and "scontrol update NodeName=gpu-a17" in comment

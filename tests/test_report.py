@@ -82,3 +82,31 @@ def test_an_empty_output_gives_a_report_without_plots(taxonomy, tmp_path):
     figures = write_report([], taxonomy, path)
     assert figures.total == 0 and "from 0 annotated tickets" in path.read_text()
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_what_automating_remediation_would_save(records, taxonomy, tmp_path):
+    """Plans: retry-safe, not abstained, a node named. t-0..t-2 name nodes (gpu-a1 twice), t-3 names
+    one but its incident was mitigated by a code fix; t-4 abstained; t-9 is not retry-safe."""
+    nodes = {0: "gpu-a1", 1: "gpu-a1", 2: "gpu-b2", 3: "gpu-c3", 4: "gpu-d4", 9: "gpu-e5"}
+    labels = {0: "node_repair", 1: "job_resubmission", 3: "user_code_improvement", 9: "node_repair"}
+    for n, node in nodes.items():
+        records[n]["suspect"] = {"node": node}
+    for n, mitigation in labels.items():
+        records[n]["labelled_mitigation"] = mitigation
+    f = summarise(records, taxonomy, handling_minutes=45).automation
+    assert (f.total, f.plans, f.labelled, f.right) == (10, 4, 3, 2)
+    assert f.precision == pytest.approx(2 / 3) and f.repeat_offenders == [("gpu-a1", 2)]
+    assert len(f.nodes) == 3 and f.minutes_saved == 90
+    out = tmp_path / "run.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = write_report(read_records(out), taxonomy, tmp_path / "r.md", handling_minutes=45) and (
+        tmp_path / "r.md").read_text()
+    assert "## What automating remediation would save" in text
+    assert "| with a remediation plan | 4 (40.0%) |" in text
+    assert "| plan precision (resolved by resubmission or node repair) | 66.7% (2 of 3 labelled) |" in text
+    assert "| repeat offenders (nodes in 2+ plans) | gpu-a1 (2) |" in text
+    assert "| on-call time saved at 45 min per incident | 1.5 h (2 right plans x 45 min) |" in text
+    for r in records:
+        r.pop("labelled_mitigation", None)
+    unlabelled = summarise(records, taxonomy, handling_minutes=45).automation
+    assert unlabelled.precision is None and unlabelled.minutes_saved == 4 * 45  # an upper bound, said so

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from kb.jobs.dashboard import (
+    automation,
     dimension_comparison,
     distribution,
     incident_rows,
@@ -112,6 +113,21 @@ def render() -> None:
         undated = head["incidents"] - head["dated"]
         if undated:
             st.caption(f"{undated} undated incident(s) are not in this chart.")
+
+    saved = automation(all_incidents(res.kb), tax, res.settings.handling_minutes)
+    st.subheader("What automating remediation would save")
+    if not saved["total"]:
+        st.caption("No labelled incident of this cluster yet (the bundled reports describe other clusters).")
+    else:
+        cols = st.columns(4)
+        cols[0].metric("Retry-safe with a named node", f"{saved['plans']} of {saved['total']}")
+        cols[1].metric("Plan precision", f"{saved['precision']:.0%}" if saved["precision"] is not None else "-",
+                       help="Of those, mitigated by resubmission or node repair (the expert's label)")
+        cols[2].metric("Distinct nodes", saved["distinct_nodes"],
+                       help="Repeat offenders: " + (", ".join(f"{n} ({c})" for n, c in saved["repeat_offenders"])
+                                                    or "none"))
+        cols[3].metric("On-call hours saved", f"{saved['minutes_saved'] / 60:.1f}",
+                       help=f"Right plans x {saved['minutes_per_incident']:g} min (PMKB_HANDLING_MINUTES)")
 
     st.subheader("Provenance")
     st.bar_chart(pd.DataFrame(distribution(rows, "provenance")), x="provenance", y="incidents",

@@ -65,6 +65,7 @@ class RemediationPlan(BaseModel):
     reason: str  # the drain reason / taint value written on the cluster: cites the ticket
     steps: list[Step]
     note: str = ""  # what the plan leaves to a person (no job named, a network flap seen once ...)
+    outcome: str | None = None  # what pmkb did with it unattended (the bot, when its policy allows), said in the ticket
 
 
 class Policy(BaseModel):

@@ -187,6 +187,9 @@ class Settings(BaseSettings):
     # The policy file that lets plans run unattended (``pmkb remediate --apply``, the bot);
     # unset: nothing runs unattended.
     remediation_policy: Path | None = None
+    # On-call minutes a person spends handling one retry-safe incident by hand (triage, drain, resubmit):
+    # the unit of the "what automating remediation would save" figures.
+    handling_minutes: float = Field(30.0, gt=0)
     # Most requests one client address may have in hand at once on the work endpoints (MCP tool
     # calls, /v1/annotate); more: 429. Calls from different clients take turns on the engine.
     max_calls_per_client: int = Field(4, ge=1)

@@ -296,7 +296,10 @@ class Backfill:
         elif self.options.write_back:
             records = self._stage(pool, "write_back", records, fail, self._write_back_ticket)
         for record in records:
-            line = json.dumps(annotation_record(record.suggestion), ensure_ascii=False)
+            out = annotation_record(record.suggestion)
+            if record.incident.mitigation:  # how the old incident was mitigated, for the report's plan precision
+                out["labelled_mitigation"] = record.incident.mitigation
+            line = json.dumps(out, ensure_ascii=False)
             rows.append(record.row(self.engine_id, line, self.target))
             if not record.in_output:
                 lines.append(line + "\n")
@@ -371,5 +374,6 @@ def run_backfill(engine: SuggestionEngine, records: Iterable[Parsed], options: B
         run = {"annotated": result.annotated, "unchanged (skipped)": result.skipped, "failed": result.failed,
                "written back": result.written_back, "LLM": result.llm}
         write_report(read_records(options.out), engine.kb.taxonomy, report,
-                     title=f"Backfill report: {options.out.name}", run=run)
+                     title=f"Backfill report: {options.out.name}", run=run,
+                     handling_minutes=engine.settings.handling_minutes)
     return result

@@ -133,3 +133,17 @@ def summary(rows: list[dict]) -> dict:
             "confirmed": provenance.get("confirmed", 0),
             "machine_suggested": provenance.get("machine_suggested", 0),
             "dated": sum(1 for r in rows if r["created_at"])}
+
+
+def automation(incidents: Iterable[Incident], taxonomy: Taxonomy, minutes_per_incident: float) -> dict:
+    """What automating remediation would have saved on this cluster's own incidents (the bundled
+    seed reports describe other clusters and are left out): ``kb.jobs.automation``'s figures, with
+    an incident plannable when its labelled cause is retry-safe and its text names a node."""
+    from kb.engine.evidence import find_node
+    from kb.engine.history import is_bundled
+    from kb.jobs.automation import Item, automation_figures
+
+    safe = taxonomy.retry_safe_causes
+    items = [Item(i.root_cause in safe, find_node(i.text()), i.mitigation)
+             for i in incidents if not is_bundled(i) and i.labelled]
+    return automation_figures(items, taxonomy.node_exclusion_mitigations, minutes_per_incident).as_dict()

@@ -24,6 +24,7 @@ from kb.core.suggestion import Suggestion, Ticket
 from kb.engine.classify import expected_calibration_error, neighbour_votes
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.suggest import SuggestionEngine
+from kb.jobs.automation import Item, automation_figures
 from kb.jobs.owner_eval import format_owner, per_dimension, settled_figures
 from kb.jobs.set_eval import format_sets, format_sweep, level_sweep, set_figures
 
@@ -237,6 +238,9 @@ def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]
     if sets:
         result["sets"] = sets
     tax = engine.kb.taxonomy
+    result["automation"] = automation_figures(
+        [Item(p.retry_safe and not p.abstained, (p.suspect or {}).get("node"), c.mitigation)
+         for c, p in zip(cases, preds)], tax.node_exclusion_mitigations, engine.settings.handling_minutes).as_dict()
     reference = second_expert(cases, lambda cause: tax.dimension_of(cause) if cause in tax.cause_ids else None)
     if reference:
         result["second_expert"] = reference
@@ -334,6 +338,15 @@ def format_report(result: dict, title: str) -> str:
         lines += format_sets(result["sets"])
     if "level_sweep" in result:
         lines += format_sweep(result["level_sweep"])
+    if "automation" in result:
+        a = result["automation"]
+        precision = f"{a['precision']:.3f}" if a["precision"] is not None else "-"
+        lines += ["", "| remediation plans (retry-safe, node named) | value |", "|---|---|",
+                  f"| plans | {a['plans']} of {a['total']} |",
+                  f"| plan precision (labelled mitigation: resubmission or node repair) | {precision} "
+                  f"({a['right']} of {a['labelled']}) |",
+                  f"| distinct nodes / repeat offenders | {a['distinct_nodes']} / {len(a['repeat_offenders'])} |",
+                  f"| on-call hours saved at {a['minutes_per_incident']:g} min each | {a['minutes_saved'] / 60:.1f} |"]
     if "per_class" in result:
         lines += ["", "| root cause | support | precision | recall | F1 |", "|---|---|---|---|---|"]
         lines += [f"| {label} | {row['support']} | {row['precision']:.2f} | {row['recall']:.2f} | {row['f1']:.2f} |"

@@ -287,3 +287,27 @@ def undo(ticket: str, cluster: Cluster, audit: AuditLog, actor: str,
         progress(f"undone {step.summary}")
         undone += 1
     return undone
+
+
+def act_unattended(plan: RemediationPlan, policy: Policy, cluster: Cluster, audit: AuditLog,
+                   actor: str) -> RemediationPlan:
+    """Run a plan without a person when the policy allows it; the plan with what happened in
+    ``outcome`` (which the bot writes in the ticket)."""
+    try:
+        decision = check(plan, policy, cluster, audit)
+    except Exception as exc:  # noqa: BLE001 - an unreachable cluster means no action, said in the ticket
+        audit.write(event="refused", ticket=plan.ticket, node=plan.node, actor=actor,
+                    reasons=[f"cluster state unreadable: {exc}"])
+        return plan.model_copy(update={"outcome": f"not run: the cluster's state could not be read ({exc})"})
+    audit.write(event="plan", ticket=plan.ticket, node=plan.node, job=plan.job, root_cause=plan.root_cause,
+                confidence=plan.confidence, scheduler=plan.scheduler, actor=actor, dry_run=False,
+                allowed=decision.allowed, reasons=decision.reasons)
+    if not decision.allowed:
+        apply(plan, cluster, audit, decision, actor)  # records the refusal
+        return plan.model_copy(update={"outcome": "not run: " + "; ".join(decision.reasons)})
+    if apply(plan, cluster, audit, decision, actor):
+        done = "; ".join(step.summary for step in plan.steps)
+        return plan.model_copy(update={"outcome": f"run by pmkb under the team's policy: {done} (undo: pmkb "
+                                                  f"remediate --scheduler {plan.scheduler} --undo {plan.ticket})"})
+    return plan.model_copy(update={"outcome": f"failed part-way (see {audit.path.name}); undo what ran: pmkb "
+                                              f"remediate --scheduler {plan.scheduler} --undo {plan.ticket}"})

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Iterable
 
 from kb.core.taxonomy import Taxonomy
+from kb.jobs.automation import AutomationFigures, Item, automation_figures
+from kb.jobs.automation import render_markdown as render_automation
 
 CLUSTER_MIN_SCORE = 0.6
 """A ticket joins the cluster of its closest past incident only when the match scores at least this."""
@@ -49,6 +51,7 @@ class ReportFigures:
     published: dict[str, float] = field(default_factory=dict)  # dimension -> published share
     published_source: str = ""
     clusters: list[Cluster] = field(default_factory=list)
+    automation: AutomationFigures | None = None  # what automating remediation would save
 
     def share(self, count: int, of: int | None = None) -> float:
         """count / total (or / ``of``), 0 when there is nothing to divide by."""
@@ -57,9 +60,11 @@ class ReportFigures:
 
 
 def summarise(records: Iterable[dict], taxonomy: Taxonomy, min_score: float = CLUSTER_MIN_SCORE,
-              top_clusters: int = 10) -> ReportFigures:
-    """Compute the report's figures in one pass over annotation records (``annotation_record``)."""
+              top_clusters: int = 10, handling_minutes: float = 30.0) -> ReportFigures:
+    """Compute the report's figures in one pass over annotation records (``annotation_record``; a
+    backfilled record also carries its incident's ``labelled_mitigation`` when it had one)."""
     figures = ReportFigures()
+    items: list[Item] = []
     figures.published = {d.id: d.share for d in taxonomy.dimensions if d.share is not None}
     sources = {s.id: s.citation for s in taxonomy.sources}
     cited = {d.source for d in taxonomy.dimensions if d.share is not None and d.source}
@@ -77,6 +82,8 @@ def summarise(records: Iterable[dict], taxonomy: Taxonomy, min_score: float = CL
         else:
             figures.confident_dimensions[record["root_cause_dimension"]] += 1
         figures.retry_safe += bool(record["retry_safe"])
+        items.append(Item(bool(record["retry_safe"]) and not record["abstained"],
+                          (record.get("suspect") or {}).get("node"), record.get("labelled_mitigation")))
         size = len(record.get("root_cause_set") or [])
         if size:
             figures.set_sizes["1" if size == 1 else "2" if size == 2 else "3+"] += 1
@@ -98,6 +105,7 @@ def summarise(records: Iterable[dict], taxonomy: Taxonomy, min_score: float = CL
             break
         cause, count = causes.most_common(1)[0]
         figures.clusters.append(Cluster(anchor, titles[anchor], size, cause, count / size, examples[anchor]))
+    figures.automation = automation_figures(items, taxonomy.node_exclusion_mitigations, handling_minutes)
     return figures
 
 
@@ -149,6 +157,8 @@ def render_markdown(figures: ReportFigures, taxonomy: Taxonomy, images: dict[str
         lines.append(f"| {cause} | {rc.dimension if rc else '-'} | {'yes' if rc and rc.retry_safe else 'no'} "
                      f"| {n} | {_pct(f.share(n))} |")
     lines += _image(images, "root_causes")
+    if f.automation is not None:
+        lines += render_automation(f.automation)
     lines += ["## Recurring incidents", "",
               "Tickets grouped by their closest past incident (match score at least "
               f"{CLUSTER_MIN_SCORE}); the largest groups first.", ""]
@@ -218,9 +228,9 @@ def plot_figures(figures: ReportFigures, taxonomy: Taxonomy, base: Path) -> dict
 
 
 def write_report(records: Iterable[dict], taxonomy: Taxonomy, path: Path, title: str = "Backfill report",
-                 run: dict | None = None) -> ReportFigures:
+                 run: dict | None = None, handling_minutes: float = 30.0) -> ReportFigures:
     """Write the Markdown report to ``path`` and its PNG plots beside it; returns the figures."""
-    figures = summarise(records, taxonomy)
+    figures = summarise(records, taxonomy, handling_minutes=handling_minutes)
     path.parent.mkdir(parents=True, exist_ok=True)
     images = plot_figures(figures, taxonomy, path.with_suffix("")) if figures.total else {}
     path.write_text(render_markdown(figures, taxonomy, images, title=title, run=run), encoding="utf-8")

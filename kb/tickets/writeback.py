@@ -111,7 +111,9 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
                  + (f". {bold('Suspect:')} {suspect}" if suspect else ""))
     if s.node_history:
         lines.append(f"{bold('Seen before:')} {text(s.node_history.summary(), 600)}")
-    if s.remediation:
+    if s.remediation and s.remediation.outcome:
+        lines.append(f"{bold('Remediation')} ({s.remediation.scheduler}): {text(s.remediation.outcome, 600)}")
+    elif s.remediation:
         lines.append(f"{bold('Remediation plan')} ({s.remediation.scheduler}, not run: `pmkb remediate` runs it "
                      f"when the policy allows): " + "; ".join(
                          f"{n}. {text(step.summary, 160)} {code(inert_code(step.shown(), system, 300))}"
