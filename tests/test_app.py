@@ -297,3 +297,16 @@ def test_answering_the_close_call_on_the_page_reranks_and_the_answer_is_audited(
     record = json.loads((writable_home / AUDIT_FILE).read_text().splitlines()[-1])
     assert record["close_call"]["answered"] == other and record["close_call"]["answered_from"] == "engineer"
     assert record["new"]["root_cause"] == other
+
+
+def test_with_a_scheduler_set_the_card_shows_the_remediation_plan(app_home, monkeypatch):
+    from ui.resources import app_settings
+
+    monkeypatch.setenv("PMKB_SCHEDULER", "slurm")
+    app_settings.clear()
+    at = submit(open_app(), {"id": "OPS-7", **ECC_TICKET})
+    plan = next((e for e in at.expander if e.label.startswith("Remediation plan (slurm)")), None)
+    assert plan is not None, [e.label for e in at.expander]
+    shown = [c.value for c in plan.code]
+    assert shown[0].startswith("scontrol update NodeName=gpu-h100-0417 State=DRAIN 'Reason=pmkb OPS-7: ")
+    assert "Nothing has run" in "\n".join(c.value for c in plan.caption)

@@ -395,3 +395,20 @@ def test_the_bot_acts_only_when_its_policy_says_so_and_says_in_the_ticket_what_i
     else:
         assert cluster.ran == [] and not (home / "remediation_audit.jsonl").exists()
         assert "**Remediation plan** (slurm, not run" in comment and "scontrol update NodeName=gpu-a17" in comment
+
+
+def test_the_terminal_card_and_both_comment_markups_show_the_plan(xid):
+    from kb.tickets.writeback import render_comment
+    from pmkb.cli import render_card
+
+    shown = xid.model_copy(update={"remediation": plan_for(xid, "slurm", XID.text())})
+    card = render_card(shown)
+    assert "remediation plan (slurm; `pmkb remediate` runs it, dry run first):" in card
+    assert "$ scontrol requeue 4411" in card
+    github = render_comment(shown, False, "github")
+    assert "**Remediation plan** (slurm, not run" in github and "`scontrol requeue 4411`" in github
+    jira = render_comment(shown, False, "jira")
+    assert "*Remediation plan* (slurm, not run" in jira and "{{scontrol requeue 4411}}" in jira
+    done = shown.model_copy(update={"remediation": shown.remediation.model_copy(update={"outcome": "run by pmkb"})})
+    assert "**Remediation** (slurm): run by pmkb" in render_comment(done, False, "github")
+    assert "remediation plan" not in render_card(xid)  # no scheduler, no plan
