@@ -26,7 +26,7 @@ def _time_process(args: list[str], repeat: int) -> float:
     best = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "kb", *args], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "pmkb", *args], cwd=ROOT, check=True, capture_output=True)
         best.append(time.perf_counter() - start)
     return sorted(best)[len(best) // 2]
 

@@ -90,7 +90,7 @@ def start_http(home: Path, log: Path) -> tuple[subprocess.Popen, str]:
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/mcp"
     with log.open("w") as errlog:
-        server = subprocess.Popen([sys.executable, "-m", "kb", "--kb", str(home), "mcp", "--http", str(port)],
+        server = subprocess.Popen([sys.executable, "-m", "pmkb", "--kb", str(home), "mcp", "--http", str(port)],
                                   env=child_env(PMKB_API_TOKEN=TOKEN), cwd=ROOT, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=errlog)
     deadline = time.time() + 300
@@ -114,7 +114,7 @@ async def measure(homes: list[Path], url: str, batch: list[dict], logs: Path) ->
     from kb.core.suggestion import Ticket
 
     suggester = in_process_suggester(homes[0])
-    params = StdioServerParameters(command=sys.executable, args=["-m", "kb", "--kb", str(homes[1]), "mcp"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "pmkb", "--kb", str(homes[1]), "mcp"],
                                    env=child_env(), cwd=str(ROOT))
     async with AsyncExitStack() as stack:
         errlog = stack.enter_context((logs / "stdio.log").open("w"))
