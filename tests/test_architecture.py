@@ -49,3 +49,17 @@ def test_modules_stay_small():
 def test_two_package_levels_at_most():
     deep = [str(p.relative_to(ROOT)) for p in KB.rglob("*.py") if len(p.relative_to(KB).parts) > 2]
     assert deep == []
+
+
+HEAVY = ("torch", "sentence_transformers", "transformers", "chromadb", "sklearn", "kubernetes", "uvicorn")
+"""Libraries a command that reads no text and searches nothing must not import."""
+
+
+@pytest.mark.parametrize("command", [["taxonomy"], ["--help"], ["remediate", "--help"]])
+def test_light_commands_import_nothing_heavy(command, tmp_path):
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "pmkb", "--kb", str(tmp_path), *command],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
