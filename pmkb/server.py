@@ -204,7 +204,7 @@ class Service:
     def remediator(self):
         """(policy, cluster, audit log) when the policy lets the bot act on its own, else None; a policy
         that cannot be read is logged once and never acts."""
-        from kb.core.remediation import RemediationError, load_policy
+        from kb.core.remediation import load_policy
         from kb.jobs.remediate import AUDIT_FILE, AuditLog
 
         if self.settings.remediation_policy is None or not self.settings.scheduler:
@@ -214,8 +214,9 @@ class Service:
                 policy = load_policy(self.settings.remediation_policy, self.engine.kb.taxonomy.cause_ids)
                 cluster = self.cluster_factory(self.settings.scheduler) if policy.bot_may_act else None
                 self._remediation = (policy, cluster, AuditLog(self.settings.home / AUDIT_FILE))
-            except (RemediationError, ImportError) as exc:
-                log.error("the bot will not remediate: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - a policy or cluster that cannot be set up never acts
+                log.error("the bot will not remediate: %s (fix PMKB_REMEDIATION_POLICY or the scheduler's "
+                          "client configuration, then restart)", exc)
                 self._remediation = (None, None, None)
         policy, cluster, audit = self._remediation
         return (policy, cluster, audit) if policy is not None and policy.bot_may_act else None

@@ -412,3 +412,22 @@ def test_the_terminal_card_and_both_comment_markups_show_the_plan(xid):
     done = shown.model_copy(update={"remediation": shown.remediation.model_copy(update={"outcome": "run by pmkb"})})
     assert "**Remediation** (slurm): run by pmkb" in render_comment(done, False, "github")
     assert "remediation plan" not in render_card(xid)  # no scheduler, no plan
+
+
+def test_a_policy_the_bot_cannot_read_never_acts_and_says_why_in_the_log(tmp_path, embedder, caplog):
+    import logging
+
+    from kb.engine.knowledge import KnowledgeBase
+    from pmkb.server import Service
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path / "kb", scheduler="slurm", remediation_policy=tmp_path / "missing.yaml")
+    service = Service(settings, engine=SuggestionEngine(KnowledgeBase(settings, embedder=embedder)))
+    service.cluster_factory = lambda scheduler: FakeCluster()
+    with caplog.at_level(logging.ERROR):
+        assert service.remediator() is None
+    assert "the bot will not remediate: cannot read the remediation policy" in caplog.text
+    (tmp_path / "policy.yaml").write_text("causes: [gpu_lost]\n")  # bot_may_act is false by default
+    quiet = Service(settings.model_copy(update={"remediation_policy": tmp_path / "policy.yaml"}),
+                    engine=service.engine)
+    assert quiet.remediator() is None
