@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from test_server import free_port, wait_until
 
-from pmkb.listener import FILES_KEPT_FREE, connection_cap, guarded_protocol
+from pmkb.listener import FILES_KEPT_FREE, connection_cap, guarded_protocol, raise_file_limit
 from pmkb.ops import ClientLimit, FairTurns
 from tests.conftest import ROOT
 
@@ -169,6 +169,7 @@ serve_app(app, "127.0.0.1", int(sys.argv[1]), header_timeout=30, max_connections
 
 def test_a_flood_of_slow_connections_past_the_open_file_limit_locks_nobody_out(tmp_path):
     """The service's own entry point with a 256-file limit: 400 slow connections, then a request."""
+    raise_file_limit()  # this process holds the 400 client ends
     port = free_port()
     log = (tmp_path / "stderr.log").open("w")
     server = subprocess.Popen([sys.executable, "-c", SERVE_WITH_FEW_FILES, str(port)], cwd=ROOT, stderr=log)

@@ -279,8 +279,10 @@ def test_pmkb_serve_stays_reachable_through_a_flood_of_slow_connections(kb_home,
 
     from test_server import free_port
 
+    from pmkb.listener import raise_file_limit
     from tests.conftest import ROOT
 
+    raise_file_limit()  # this process holds the 400 client ends
     home = tmp_path / "kb"
     shutil.copytree(kb_home, home)
     port = free_port()
