@@ -431,3 +431,27 @@ def test_a_policy_the_bot_cannot_read_never_acts_and_says_why_in_the_log(tmp_pat
     quiet = Service(settings.model_copy(update={"remediation_policy": tmp_path / "policy.yaml"}),
                     engine=service.engine)
     assert quiet.remediator() is None
+
+
+@pytest.mark.parametrize("text", ["job" + " " * 65536 + "x", "job:" * 16384, "JobId=" + "9" * 65530,
+                                  "SLURM_JOB_ID=" * 5000, ("job id " + "\t" * 30) * 1500])
+def test_a_64_kib_ticket_built_to_backtrack_is_read_in_linear_time(text):
+    import time
+
+    from kb.engine.remediate import _label_value
+
+    started = time.perf_counter()
+    find_job(text)
+    _label_value(text)
+    assert time.perf_counter() - started < 1.0  # the unbounded gaps took about 50 s on 64 KiB of spaces
+
+
+def test_two_processes_writing_the_audit_log_at_once_leave_only_whole_lines(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    writer = ("import sys; from pathlib import Path; from kb.jobs.remediate import AuditLog\n"
+              "log = AuditLog(Path(sys.argv[1]))\n"
+              "for n in range(200): log.write(event='step', ticket=sys.argv[2], index=n, result='x' * 5000)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", writer, str(path), name], cwd=ROOT) for name in ("A", "B")]
+    assert [p.wait(120) for p in procs] == [0, 0]
+    records = AuditLog(path).records()
+    assert len(records) == 400 and {r["ticket"] for r in records} == {"A", "B"}

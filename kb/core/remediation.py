@@ -108,7 +108,8 @@ def load_policy(path: Path, cause_ids: list[str]) -> Policy:
 
 
 _JOB_FIELD = re.compile(r"\b(?:SLURM_JOB_ID|JobId)=(\d{1,12})\b", re.I)
-_JOB_WORD = re.compile(r"\bjob(?:[ _-]?id)?\s*[:#=]?\s*(\d{2,12})\b", re.I)  # "job 7" is too often a count
+# "job 7" is too often a count; the gaps are bounded so a long run of spaces cannot make it backtrack
+_JOB_WORD = re.compile(r"\bjob(?:[ _-]?id)?[ \t]{0,3}[:#=]?[ \t]{0,3}(\d{2,12})\b", re.I)
 
 
 def find_job(text: str) -> str | None:
