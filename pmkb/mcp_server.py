@@ -170,10 +170,14 @@ class KnowledgeTools:
         return self._loaded
 
     def suggest(self, ticket: Ticket, client: str = "local") -> Suggestion:
-        """The suggestion for one ticket (the engine redacts its text first)."""
+        """The suggestion for one ticket (the engine redacts its text first); a ticket with nothing
+        left to read is a tool error."""
         loaded = self.loaded()
         with self._turns.turn(client):
-            return loaded.suggester.suggest(ticket)
+            try:
+                return loaded.suggester.suggest(ticket)
+            except EmptyTicket as exc:
+                raise ToolError(str(exc)) from None
 
     def search(self, query: str, k: int, where: dict | None, client: str = "local") -> list[SimilarIncident]:
         """The k stored incidents most similar to the (redacted) query."""
@@ -205,6 +209,14 @@ class KnowledgeTools:
                                 f"(see the taxonomy tool)")
             where[name] = value
         return where or None
+
+
+def tool_ticket(ticket_id: str, title: str, description: str, log: str) -> Ticket:
+    """A tool's ticket; an empty one is a tool error."""
+    ticket = Ticket(id=ticket_id, title=title, description=description, log=log)
+    if not ticket.text().strip():
+        raise ToolError("the ticket is empty: give a title, a description or a log excerpt")
+    return ticket
 
 
 def caller(ctx: Context | None) -> str:
@@ -257,19 +269,9 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
         with a calibrated confidence; `abstained: true` means the engine is not sure (the reason is in
         `abstain_reason`). Secrets and personal data in the text are redacted before it is used.
         """
-        ticket = Ticket(id=ticket_id, title=title, description=description, log=log)
-        if not ticket.text().strip():
-            raise ToolError("the ticket is empty: give a title, a description or a log excerpt")
-
-        client = caller(ctx)
-
-        def run() -> Suggestion:
-            try:
-                return tools.suggest(ticket, client)
-            except EmptyTicket as exc:
-                raise ToolError(str(exc)) from None
-
-        return _logged("suggest", run, lambda s: {"root_cause": s.root_cause, "abstained": s.abstained})
+        ticket, client = tool_ticket(ticket_id, title, description, log), caller(ctx)
+        return _logged("suggest", lambda: tools.suggest(ticket, client),
+                       lambda s: {"root_cause": s.root_cause, "abstained": s.abstained})
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     def search(
@@ -336,16 +338,10 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
         (scontrol lines) or Kubernetes (calls of the official client), each with what it changes and
         how to undo it. Nothing runs: `pmkb remediate --apply` runs a plan when the team's policy
         allows. A tool error says why there is no plan (not retry-safe, no node named, not sure)."""
-        ticket = Ticket(id=ticket_id, title=title, description=description, log=log)
-        if not ticket.text().strip():
-            raise ToolError("the ticket is empty: give a title, a description or a log excerpt")
-        client = caller(ctx)
+        ticket, client = tool_ticket(ticket_id, title, description, log), caller(ctx)
 
         def run() -> RemediationPlan:
-            try:
-                suggestion = tools.suggest(ticket, client)
-            except EmptyTicket as exc:
-                raise ToolError(str(exc)) from None
+            suggestion = tools.suggest(ticket, client)
             plan = plan_for(suggestion, scheduler, ticket.text(), job=job, namespace=namespace, kind=kind)
             if plan is None:
                 raise ToolError(no_plan_reason(suggestion))

@@ -109,9 +109,7 @@ def remediate(
         if apply_plan:
             fail(f"the cluster's state could not be read, nothing was changed: {exc}")
         echo_err(f"policy not checked: {exc}")
-    audit.write(event="plan", ticket=plan.ticket, node=plan.node, job=plan.job, root_cause=plan.root_cause,
-                confidence=plan.confidence, scheduler=scheduler, actor=actor, dry_run=not apply_plan,
-                allowed=decision.allowed if decision else None, reasons=decision.reasons if decision else [])
+    audit.plan(plan, actor, dry_run=not apply_plan, decision=decision)
     if json_out:
         typer.echo(json.dumps({"plan": plan.model_dump(), "decision": decision._asdict() if decision else None},
                               indent=2))

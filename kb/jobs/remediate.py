@@ -10,7 +10,6 @@ questions (drains in the last hour, earlier tickets on the node) and what ``--un
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -20,6 +19,7 @@ from typing import Callable, Protocol
 
 from kb.core.remediation import Policy, RemediationError, RemediationPlan, Step
 from kb.engine.remediate import TAINT_KEY, Decision, decide
+from kb.tickets.outbox import append_whole_line
 
 AUDIT_FILE = "remediation_audit.jsonl"
 """The audit log, under the knowledge-base home."""
@@ -188,11 +188,16 @@ class AuditLog:
         self.path = path
 
     def write(self, **record) -> None:
+        """Append one record, whole or not at all (owner-only file)."""
         record = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **record}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as out:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        append_whole_line(self.path, (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    def plan(self, plan: RemediationPlan, actor: str, dry_run: bool, decision: Decision | None) -> None:
+        """Record a plan considered (and the policy's decision, when one was taken)."""
+        self.write(event="plan", ticket=plan.ticket, node=plan.node, job=plan.job, root_cause=plan.root_cause,
+                   confidence=plan.confidence, scheduler=plan.scheduler, actor=actor, dry_run=dry_run,
+                   allowed=decision.allowed if decision else None, reasons=decision.reasons if decision else [])
 
     def records(self) -> list[dict]:
         if not self.path.exists():
@@ -207,15 +212,15 @@ class AuditLog:
                                            f"start a new log") from None
         return out
 
-    def drains(self) -> list[datetime]:
-        """When steps that took a node out ran."""
-        return [datetime.fromisoformat(r["at"]) for r in self.records()
+    def drains(self, records: list[dict] | None = None) -> list[datetime]:
+        """When steps that took a node out ran (over ``records`` when the caller has read them)."""
+        return [datetime.fromisoformat(r["at"]) for r in (self.records() if records is None else records)
                 if r.get("event") == "step" and r.get("action") in TAKES_OUT and r.get("outcome") == "done"]
 
-    def node_tickets(self, node: str, cause: str) -> list[datetime]:
+    def node_tickets(self, node: str, cause: str, records: list[dict] | None = None) -> list[datetime]:
         """When plans for this node and cause were considered (one per ticket)."""
         seen = {}
-        for r in self.records():
+        for r in self.records() if records is None else records:
             if r.get("event") == "plan" and r.get("node") == node and r.get("root_cause") == cause:
                 seen.setdefault(r["ticket"], datetime.fromisoformat(r["at"]))
         return list(seen.values())
@@ -236,9 +241,9 @@ class AuditLog:
 def check(plan: RemediationPlan, policy: Policy, cluster: Cluster, audit: AuditLog) -> Decision:
     """The policy's decision for a plan on this cluster, now."""
     size, out = cluster.partition(plan.node)
-    now = datetime.now(timezone.utc)
-    return decide(plan, policy, audit.drains(), size, out, cluster.node_drained(plan.node),
-                  [*audit.node_tickets(plan.node, plan.root_cause), now], now)
+    now, records = datetime.now(timezone.utc), audit.records()
+    return decide(plan, policy, audit.drains(records), size, out, cluster.node_drained(plan.node),
+                  [*audit.node_tickets(plan.node, plan.root_cause, records), now], now)
 
 
 def apply(plan: RemediationPlan, cluster: Cluster, audit: AuditLog, decision: Decision, actor: str,
@@ -299,9 +304,7 @@ def act_unattended(plan: RemediationPlan, policy: Policy, cluster: Cluster, audi
         audit.write(event="refused", ticket=plan.ticket, node=plan.node, actor=actor,
                     reasons=[f"cluster state unreadable: {exc}"])
         return plan.model_copy(update={"outcome": f"not run: the cluster's state could not be read ({exc})"})
-    audit.write(event="plan", ticket=plan.ticket, node=plan.node, job=plan.job, root_cause=plan.root_cause,
-                confidence=plan.confidence, scheduler=plan.scheduler, actor=actor, dry_run=False,
-                allowed=decision.allowed, reasons=decision.reasons)
+    audit.plan(plan, actor, dry_run=False, decision=decision)
     if not decision.allowed:
         apply(plan, cluster, audit, decision, actor)  # records the refusal
         return plan.model_copy(update={"outcome": "not run: " + "; ".join(decision.reasons)})
