@@ -77,19 +77,35 @@ PartitionName=gpu Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
 
     def start(self) -> None:
         self._write_conf()
-        munge_dir = Path("/run/munge")
-        if not (munge_dir / "munge.socket.2").exists():
-            munge_dir.mkdir(parents=True, exist_ok=True)
-            if not Path("/etc/munge/munge.key").exists():
-                subprocess.run([self._sbin("mungekey"), "--create"], check=True, capture_output=True)
-            subprocess.run(["chown", "-R", "munge:munge", "/etc/munge", str(munge_dir)], capture_output=True)
-            subprocess.run([self._sbin("munged"), "--force"], check=True, capture_output=True)
+        self._start_munged()
         self.daemons.append(subprocess.Popen([self._sbin("slurmctld"), "-D", "-f", str(self.conf)], env=self.env,
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for node in NODES:
             self.daemons.append(subprocess.Popen([self._sbin("slurmd"), "-D", "-f", str(self.conf), "-N", node],
                                                  env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        self.wait(lambda: self.node_states() == dict.fromkeys(NODES, "idle"), 60, "both nodes idle")
+        try:
+            self.wait(lambda: self.node_states() == dict.fromkeys(NODES, "idle"), 60, "both nodes idle")
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}; the daemons logged:\n{self.log()}") from None
+
+    @staticmethod
+    def _munge_works() -> bool:
+        """Whether a munged answers: a socket file can outlive its daemon (a stale /run/munge)."""
+        try:
+            return subprocess.run(["munge", "-n"], capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def _start_munged(self) -> None:
+        if self._munge_works():
+            return
+        munge_dir = Path("/run/munge")
+        munge_dir.mkdir(parents=True, exist_ok=True)
+        if not Path("/etc/munge/munge.key").exists():
+            subprocess.run([self._sbin("mungekey"), "--create"], check=True, capture_output=True)
+        subprocess.run(["chown", "-R", "munge:munge", "/etc/munge", str(munge_dir)], capture_output=True)
+        started = subprocess.run([self._sbin("munged"), "--force"], capture_output=True, text=True)
+        self.wait(self._munge_works, 15, f"munged to answer (munged --force: {started.stderr.strip() or 'ok'})")
 
     def stop(self) -> None:
         try:  # the jobs first, so no batch script outlives its slurmd
@@ -114,7 +130,7 @@ PartitionName=gpu Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
     def node_states(self) -> dict[str, str]:
         try:
             lines = self.run("sinfo", "-h", "-N", "-o", "%N %t").splitlines()
-        except RuntimeError:
+        except (RuntimeError, subprocess.TimeoutExpired):  # the controller is not up yet
             return {}
         return dict(line.split() for line in lines if line.strip())
 
