@@ -440,7 +440,7 @@ def build() -> None:
 
 
 COMMAND_MODULES = ("pmkb.serve_cmd", "pmkb.queue_cmd", "pmkb.backfill_cmd", "pmkb.llm_cmd", "pmkb.mcp_cmd",
-                   "pmkb.remediate_cmd")
+                   "pmkb.remediate_cmd", "pmkb.nccl_cmd")
 """Modules that add commands to the app through a ``register(app)`` function."""
 
 
