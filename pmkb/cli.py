@@ -279,6 +279,9 @@ def render_card(s) -> str:
         lines.append(f"  to decide: {s.close_call.question}")
         lines += [f"    {c}: {s.close_call.answers[c]}" for c in (first, second)]
     lines += [r.describe() for r in s.readings]
+    if s.collective:
+        lines.append(s.collective.describe())
+        lines += [f"  {line}" for line in s.collective.evidence[:4]]
     lines.append(f"symptom: {s.symptom} {s.symptom_confidence:.0%}")
     lines.append(f"retry safe: {'yes' if s.retry_safe else 'no'}"
                  + (f"   suspect: {', '.join(f'{k} {v}' for k, v in s.suspect.items())}" if s.suspect else ""))
@@ -311,15 +314,23 @@ def suggest(
     json_out: bool = typer.Option(False, "--json", help="Print the Suggestion as JSON."),
     llm: Optional[str] = typer.Option(None, "--llm", help="LLM backend: none | llamacpp | openai "
                                       "(overrides PMKB_LLM)."),
+    logs: Optional[list[Path]] = typer.Option(None, "--logs", help="The failed job's logs (files per rank, a "
+                                              "directory or a tarball; repeat the option): a collective "
+                                              "timeout in them is traced to its ranks and node."),
 ) -> None:
     """Suggest symptom, root cause, mitigation and similar incidents for one ticket."""
+    from kb.core.rank_logs import RankLogError, read_sources, sources_as_text
     from kb.core.suggestion import EmptyTicket, Ticket
     from kb.llm.suggester import make_suggester
 
     text = read_ticket_text(text, file, title)
+    try:
+        log = sources_as_text(read_sources(logs)) if logs else ""
+    except RankLogError as exc:
+        fail(str(exc))
     suggester = make_suggester(open_engine(llm=check_llm(llm)))
     try:
-        result = suggester.suggest(Ticket(title=title, description=text))
+        result = suggester.suggest(Ticket(title=title, description=text, log=log))
     except EmptyTicket as exc:
         fail(str(exc))
     typer.echo(result.model_dump_json(indent=2) if json_out else render_card(result))

@@ -258,7 +258,9 @@ def build_server(settings: Settings, engine=None) -> tuple[MCPServer, KnowledgeT
         title: Annotated[Text, Field(description="The ticket's title.", max_length=2_000)] = "",
         description: Annotated[Text, Field(description="The ticket's text as the reporter wrote it.")] = "",
         log: Annotated[Text, Field(description="Optional log excerpt (error lines, nvidia-smi, dmesg, "
-                                               "scheduler output).")] = "",
+                                               "scheduler output). The ranks' logs of a collective timeout "
+                                               "(watchdog, NCCL_DEBUG, torchelastic lines) add a `collective` "
+                                               "verdict: the ranks that never arrived and their node.")] = "",
         ticket_id: Annotated[Text, Field(description="Optional ticket key, echoed as the suggestion's id.",
                                          max_length=200)] = "ticket",
         ctx: Context = None,

@@ -201,3 +201,51 @@ def test_a_real_job_whose_rank_misbehaves_is_traced_to_that_rank(tmp_path, mode,
         assert "ValueError: batch 17" in verdict.summary and not verdict.retry_safe
     if mode == "stall":
         assert (verdict.collective, verdict.sequence) == ("ALL_REDUCE", 3)
+
+
+@pytest.fixture(scope="module")
+def engine(shared_bundled_kb):
+    from kb.engine.suggest import SuggestionEngine
+
+    return SuggestionEngine(shared_bundled_kb)
+
+
+def _posted_log(name: str) -> str:
+    return (DATA / "posted" / name).read_text(encoding="utf-8").split("\n\n", 1)[1]
+
+
+def test_a_ticket_with_the_ranks_logs_gets_the_verdict_and_its_node_follows_it(engine):
+    from kb.core.suggestion import Ticket
+    from kb.tickets.writeback import render_comment
+
+    ticket = Ticket(id="OPS-88", title="64-rank pretrain died after 2 h on the RoCE pool",
+                    description="Job 4411 crashed; all ranks logs attached.",
+                    log=_posted_log("nccl1814-roce-64rank-ib-completion-error.log"))
+    s = engine.suggest(ticket)
+    assert s.collective is not None and s.collective.kind == "one_node" and s.collective.suspects == [36]
+    assert s.suspect == {"node": "hostname-test", "rank": "36"}
+    assert s.root_cause_dimension == "hardware" and s.retry_safe == (not s.abstained)
+    plain = engine.suggest(ticket.model_copy(update={"log": ""}))
+    assert plain.collective is None
+    assert s.root_cause_confidence >= plain.root_cause_confidence or plain.root_cause != s.root_cause
+    for system in ("github", "jira"):
+        assert "Collective timeout:" in render_comment(s, False, system)
+
+
+def test_diverging_ranks_point_to_the_users_code_and_are_not_retry_safe(engine):
+    from kb.core.suggestion import Ticket
+
+    s = engine.suggest(Ticket(title="training hangs at the end of an epoch then NCCL timeout",
+                              description="8 GPUs, DDP; happens every epoch end.",
+                              log=_posted_log("speechbrain2401-fingerprint-allreduce-vs-broadcast.log")))
+    assert s.collective.kind == "diverging" and not s.retry_safe
+    assert s.root_cause_dimension == "user"
+
+
+def test_the_terminal_card_shows_the_verdict_on_the_logs_it_is_given(_built_kb_dir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(_built_kb_dir)}
+    done = subprocess.run([sys.executable, "-m", "pmkb", "suggest", "--logs", str(DATA / "gloo-stall-interleaved.log"),
+                           "--logs", str(DATA / "gloo-stall-dumps"), "4-rank job hangs at step 3 then dies"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Collective timeout: one node: rank 2 (localhost) never arrived" in done.stdout

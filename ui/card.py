@@ -128,6 +128,16 @@ def _readings(s: Suggestion, taxonomy: Taxonomy) -> None:
         st.markdown(line)
 
 
+def _collective(s: Suggestion) -> None:
+    """The verdict on the ranks' logs pasted with the ticket: which ranks never arrived, and where."""
+    verdict = s.collective
+    if verdict is None:
+        return
+    st.markdown(f"**Collective timeout:** {md(verdict.kind.replace('_', ' '))}: {md(verdict.summary)}")
+    if verdict.evidence:
+        st.code("\n".join(verdict.evidence[:6]), language=None)
+
+
 def _candidates(s: Suggestion, taxonomy: Taxonomy) -> None:
     if len(s.root_cause_set) > 1:
         return  # the prediction set shows them
@@ -218,6 +228,7 @@ def render_card(shown: Suggestion, taxonomy: Taxonomy, threshold: float,
         _prediction_set(shown, taxonomy, on_answer)
         _candidates(shown, taxonomy)
         _readings(shown, taxonomy)
+        _collective(shown)
         st.markdown(f"**Symptom:** {md(_name(taxonomy, 'symptom', shown.symptom))} "
                     f"{shown.symptom_confidence:.0%}")
         _safety(shown)

@@ -82,6 +82,10 @@ class CollectiveVerdict(BaseModel):
     ranks: list[RankState] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # what was skipped or could not be read
 
+    def describe(self) -> str:
+        """One line for cards, comments and the terminal."""
+        return f"Collective timeout: {self.kind.replace('_', ' ')}: {self.summary}"
+
     @property
     def suspect_node(self) -> str | None:
         """The one host to take out, when the verdict names exactly one."""

@@ -156,3 +156,19 @@ def _take(data: bytes, budget: list[int]) -> bytes | None:
         return None
     budget[0] -= len(data)
     return data
+
+
+def sources_as_text(sources: list[LogSource], limit: int = 2_000_000) -> str:
+    """The sources' lines as one log text, each line of a per-rank file marked ``[rankN]:`` as PyTorch
+    marks them, so the rank survives the merge (dumps have no text and are left out)."""
+    out: list[str] = []
+    size = 0
+    for source in sources:
+        for line in source.lines:
+            if source.rank is not None and not line.startswith("[rank"):
+                line = f"[rank{source.rank}]: {line}"
+            size += len(line) + 1
+            if size > limit:
+                return "\n".join(out)
+            out.append(line)
+    return "\n".join(out)

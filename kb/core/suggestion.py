@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
+from kb.core.collective_triage import CollectiveVerdict
 from kb.core.readings import Reading
 from kb.core.remediation import RemediationPlan
 
@@ -191,6 +192,9 @@ class Suggestion(BaseModel):
     retry_safe: bool  # would resubmitting (excluding the suspect node) likely clear it?
     suspect: dict[str, str] | None = None  # node / GPU named in the ticket
     node_history: NodeHistory | None = None  # earlier incidents of this cluster naming the suspect node
+    # The ranks' logs in the ticket read as a collective timeout: which ranks never arrived, on which
+    # hosts, and the verdict that the suspect node, the dimension and retry-safe follow (``pmkb nccl``).
+    collective: CollectiveVerdict | None = None
     # Take the suspect node out and resubmit without it, for the cluster's scheduler (PMKB_SCHEDULER);
     # None when not retry-safe, no node is named or no scheduler is set.
     remediation: RemediationPlan | None = None

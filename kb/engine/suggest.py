@@ -32,6 +32,7 @@ from kb.core.taxonomy import load_low_util_taxonomy
 from kb.core.untrusted import strip_instruction_lines
 from kb.engine.calibrate import Calibrator
 from kb.engine.classify import Calibration, build_features, predict
+from kb.engine.collective import follow_verdict, read_collective
 from kb.engine.evidence import find_evidence, find_suspect, load_signatures
 from kb.engine.history import node_history
 from kb.engine.knowledge import KnowledgeBase
@@ -341,8 +342,16 @@ class SuggestionEngine:
         top_cause, top_p = causes[0]
         tax = self.kb.taxonomy
         cause = tax.root_cause(top_cause)
+        collective = read_collective(text)
+        if collective is not None:
+            causes = follow_verdict(causes, collective, set(tax.cause_ids))
+            top_cause, top_p = causes[0]
+            cause = tax.root_cause(top_cause)
         suspect = find_suspect(text) if top_cause in tax.suspect_node_causes or any(
             e.suspect for e in evidence) else None
+        if collective is not None and collective.suspect_node:
+            suspect = {"node": collective.suspect_node, **({"rank": str(collective.suspects[0])}
+                                                          if len(collective.suspects) == 1 else {})}
         mitigations = rank_mitigations(tax, causes[:5], similar, suspect, snapshot.mitigations)
         history = (self.node_history(suspect["node"], {ticket.id, *(exclude or ())}, snapshot)
                    if suspect and suspect.get("node") else None)
@@ -353,7 +362,8 @@ class SuggestionEngine:
         if answered is not None and (sets.get("close_call") is None or set(sets["close_call"].causes) == set(
                 answered.causes)):
             sets["close_call"] = answered  # the question the ticket answered, with the words that did
-        decision = label_decision(top_p, cause.retry_safe, self.settings.abstain_threshold,
+        decision = label_decision(top_p, cause.retry_safe if collective is None else collective.retry_safe,
+                                  self.settings.abstain_threshold,
                                   says_too_little(text, bool(evidence), self.settings.min_ticket_words))
         suggestion = Suggestion(
             id=ticket.id, symptom=symptoms[0][0], symptom_confidence=round(symptoms[0][1], 4),
@@ -363,7 +373,7 @@ class SuggestionEngine:
             root_cause_candidates=[Candidate(id=c, confidence=round(p, 4)) for c, p in causes[:5]],
             mitigation=mitigations[0].id if mitigations else cause.default_mitigations[0],
             mitigations=mitigations[:4], suspect=suspect, **decision, **sets,
-            node_history=history, readings=readings,
+            node_history=history, readings=readings, collective=collective,
             similar_incidents=similar[:5], evidence=evidence, low_gpu_utilisation=low_util,
             trace=self.describe())
         if self.settings.scheduler:

@@ -105,6 +105,10 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
         read = f"{bold(r.kind.capitalize() + ':')} {text(r.name, 60)} {r.confidence:.0%}"
         read += f', from "{text(r.span, 160)}"' if r.span else ""
         lines.append(read + (f" -> points to {text(r.points_to, 40)}" if r.points_to else ""))
+    if s.collective:
+        lines.append(f"{bold('Collective timeout:')} {text(s.collective.kind.replace('_', ' '), 20)}: "
+                     f"{text(s.collective.summary, 400)}")
+        lines += [f"{code(inert_code(line, system, 200))}" for line in s.collective.evidence[:3]]
     suspect = ", ".join(f"{k} {text(v, 60)}" for k, v in (s.suspect or {}).items())
     lines.append(f"{bold('Symptom:')} {code(s.symptom)} {s.symptom_confidence:.0%}. "
                  f"{bold('Retry safe:')} {'yes' if s.retry_safe else 'no'}"

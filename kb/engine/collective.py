@@ -1,0 +1,43 @@
+"""A ticket's pasted logs read as a collective timeout (``kb.core.collective_triage``), and the
+ranking that follows the verdict.
+
+The verdict is read only when the text carries a rank's collective state (a watchdog report, a
+"last completed" line, a launcher's failure summary, a collective mismatch, an analyser's missing
+ranks, an NCCL warning), so an ordinary ticket costs one scan.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kb.core.collective_logs import read_job
+from kb.core.collective_triage import CollectiveVerdict, triage
+from kb.core.rank_logs import LogSource
+
+_MARKERS = re.compile(r"WorkNCCL\(|WorkGloo\(|last enqueued (?:NCCL )?work|Root Cause \(first observed failure\)|"
+                      r"Detected mismatch between collectives|missing ranks: \{|NCCL WARN|"
+                      r"Timed out waiting \d{1,12}ms for (?:recv|send)")
+
+# How far a verdict moves the odds of the causes it points to: the first, then the others. The logs of
+# the ranks are direct evidence of where the job stopped, stronger than words shared with past tickets.
+VERDICT_ODDS = {"one_node": (10.0, 4.0), "one_link": (10.0, 4.0), "diverging": (10.0, 4.0), "everything": (2.0, 2.0)}
+
+
+def read_collective(text: str) -> CollectiveVerdict | None:
+    """The verdict on the logs in a ticket's text; None when the text holds no collective state or
+    the logs decide nothing."""
+    if not _MARKERS.search(text):
+        return None
+    verdict = triage(read_job([LogSource("ticket", lines=text.split("\n"))]))
+    return None if verdict.kind == "undetermined" else verdict
+
+
+def follow_verdict(causes: list[tuple[str, float]], verdict: CollectiveVerdict,
+                   known: set[str]) -> list[tuple[str, float]]:
+    """The cause ranking with the odds of the verdict's causes raised (``VERDICT_ODDS``), renormalised."""
+    first, rest = VERDICT_ODDS.get(verdict.kind, (1.0, 1.0))
+    pointed = [c for c in verdict.causes if c in known]
+    factor = {c: (first if n == 0 else rest) for n, c in enumerate(pointed)}
+    raised = [(cause, p * factor.get(cause, 1.0)) for cause, p in causes]
+    total = sum(p for _, p in raised) or 1.0
+    return sorted(((cause, p / total) for cause, p in raised), key=lambda item: -item[1])
