@@ -8,6 +8,7 @@ import streamlit as st
 
 from kb.jobs.dashboard import (
     automation,
+    collective_timeouts,
     dimension_comparison,
     distribution,
     incident_rows,
@@ -114,7 +115,8 @@ def render() -> None:
         if undated:
             st.caption(f"{undated} undated incident(s) are not in this chart.")
 
-    saved = automation(all_incidents(res.kb), tax, res.settings.handling_minutes)
+    incidents = all_incidents(res.kb)
+    saved = automation(incidents, tax, res.settings.handling_minutes)
     st.subheader("What automating remediation would save")
     if not saved["total"]:
         st.caption("No labelled incident of this cluster yet (the bundled reports describe other clusters).")
@@ -129,6 +131,8 @@ def render() -> None:
         cols[3].metric("On-call hours saved", f"{saved['minutes_saved'] / 60:.1f}",
                        help=f"Right plans x {saved['minutes_per_incident']:g} min (PMKB_HANDLING_MINUTES)")
 
+    _collective_timeouts(incidents)
+
     st.subheader("Provenance")
     st.bar_chart(pd.DataFrame(distribution(rows, "provenance")), x="provenance", y="incidents",
                  horizontal=True, height=140)
@@ -139,3 +143,18 @@ def render() -> None:
 
 
 render()
+
+
+def _collective_timeouts(incidents) -> None:
+    """Collective-timeout crashes per month and by job size, beside all crashes."""
+    figures = collective_timeouts(incidents)
+    st.subheader("Collective timeouts")
+    if not figures["crashes"]:
+        st.caption("No crash of this cluster yet (the bundled reports describe other clusters).")
+        return
+    st.metric("Collective timeouts among crashes", f"{figures['timeouts']} of {figures['crashes']}",
+              help="Crashes whose ticket shows an NCCL or collective timeout (docs/nccl.md)")
+    left, right = st.columns(2)
+    for column, key, label in ((left, "by_month", "month"), (right, "by_size", "job size (GPUs as stated)")):
+        table = pd.DataFrame(figures[key]).rename(columns={"key": label, "timeouts": "collective timeouts"})
+        column.dataframe(table, hide_index=True, width="stretch")

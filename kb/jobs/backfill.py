@@ -27,6 +27,7 @@ from kb.engine.search import VotingRetriever
 from kb.engine.suggest import PreparedTicket, SuggestionEngine
 from kb.jobs.annotate import annotation_record
 from kb.jobs.backfill_state import BackfillError, BackfillState, rewrite_output  # noqa: F401 - re-exported
+from kb.jobs.collective_counts import incident_item
 
 WRITE_BACK_TARGETS = ("kb", "github", "jira")
 ACTIONS = {
@@ -299,6 +300,9 @@ class Backfill:
             out = annotation_record(record.suggestion)
             if record.incident.mitigation:  # how the old incident was mitigated, for the report's plan precision
                 out["labelled_mitigation"] = record.incident.mitigation
+            # for the report's collective timeouts per month and job size
+            timeout = incident_item(record.prepared.text, None, record.incident.created_at)
+            out.update(collective_timeout=timeout.collective_timeout, job_gpus=timeout.gpus, month=timeout.month)
             line = json.dumps(out, ensure_ascii=False)
             rows.append(record.row(self.engine_id, line, self.target))
             if not record.in_output:

@@ -147,3 +147,13 @@ def automation(incidents: Iterable[Incident], taxonomy: Taxonomy, minutes_per_in
     items = [Item(i.root_cause in safe, find_node(i.text()), i.mitigation)
              for i in incidents if not is_bundled(i) and i.labelled]
     return automation_figures(items, taxonomy.node_exclusion_mitigations, minutes_per_incident).as_dict()
+
+
+def collective_timeouts(incidents: Iterable[Incident]) -> dict:
+    """Collective-timeout crashes per month and by job size on this cluster's own incidents (the
+    bundled reports describe other clusters and are left out): ``kb.jobs.collective_counts``."""
+    from kb.engine.history import is_bundled
+    from kb.jobs.collective_counts import collective_figures, incident_item
+
+    return collective_figures(incident_item(i.text(), i.symptom, i.created_at)
+                              for i in incidents if not is_bundled(i) and i.symptom).as_dict()

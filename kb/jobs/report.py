@@ -16,6 +16,9 @@ from typing import Iterable
 from kb.core.taxonomy import Taxonomy
 from kb.jobs.automation import AutomationFigures, Item, automation_figures
 from kb.jobs.automation import render_markdown as render_automation
+from kb.jobs.collective_counts import CollectiveFigures, collective_figures
+from kb.jobs.collective_counts import Item as TimeoutItem
+from kb.jobs.collective_counts import render_markdown as render_collectives
 
 CLUSTER_MIN_SCORE = 0.6
 """A ticket joins the cluster of its closest past incident only when the match scores at least this."""
@@ -52,6 +55,7 @@ class ReportFigures:
     published_source: str = ""
     clusters: list[Cluster] = field(default_factory=list)
     automation: AutomationFigures | None = None  # what automating remediation would save
+    collectives: CollectiveFigures | None = None  # collective-timeout crashes per month and job size
 
     def share(self, count: int, of: int | None = None) -> float:
         """count / total (or / ``of``), 0 when there is nothing to divide by."""
@@ -65,6 +69,7 @@ def summarise(records: Iterable[dict], taxonomy: Taxonomy, min_score: float = CL
     backfilled record also carries its incident's ``labelled_mitigation`` when it had one)."""
     figures = ReportFigures()
     items: list[Item] = []
+    timeouts: list[TimeoutItem] = []
     figures.published = {d.id: d.share for d in taxonomy.dimensions if d.share is not None}
     sources = {s.id: s.citation for s in taxonomy.sources}
     cited = {d.source for d in taxonomy.dimensions if d.share is not None and d.source}
@@ -84,6 +89,8 @@ def summarise(records: Iterable[dict], taxonomy: Taxonomy, min_score: float = CL
         figures.retry_safe += bool(record["retry_safe"])
         items.append(Item(bool(record["retry_safe"]) and not record["abstained"],
                           (record.get("suspect") or {}).get("node"), record.get("labelled_mitigation")))
+        timeouts.append(TimeoutItem(record["symptom"], bool(record.get("collective_timeout")), record.get("job_gpus"),
+                                    record.get("month")))
         size = len(record.get("root_cause_set") or [])
         if size:
             figures.set_sizes["1" if size == 1 else "2" if size == 2 else "3+"] += 1
@@ -106,6 +113,7 @@ def summarise(records: Iterable[dict], taxonomy: Taxonomy, min_score: float = CL
         cause, count = causes.most_common(1)[0]
         figures.clusters.append(Cluster(anchor, titles[anchor], size, cause, count / size, examples[anchor]))
     figures.automation = automation_figures(items, taxonomy.node_exclusion_mitigations, handling_minutes)
+    figures.collectives = collective_figures(timeouts)
     return figures
 
 
@@ -159,6 +167,8 @@ def render_markdown(figures: ReportFigures, taxonomy: Taxonomy, images: dict[str
     lines += _image(images, "root_causes")
     if f.automation is not None:
         lines += render_automation(f.automation)
+    if f.collectives is not None and f.collectives.crashes:
+        lines += render_collectives(f.collectives)
     lines += ["## Recurring incidents", "",
               "Tickets grouped by their closest past incident (match score at least "
               f"{CLUSTER_MIN_SCORE}); the largest groups first.", ""]
