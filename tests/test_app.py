@@ -182,6 +182,16 @@ def test_feedback_is_saved_audited_and_found_by_the_next_search(writable_home, e
         in markdown(at)  # the same node, named again
 
 
+def test_the_ranks_logs_in_the_log_box_give_the_collective_verdict_on_the_card(app_home):
+    posted = ROOT / "tests" / "data" / "collectives" / "posted" / "ace348-perlmutter-4gpu-first-rank-silent.log"
+    log = posted.read_text(encoding="utf-8").split("\n\n", 1)[1]
+    at = submit(open_app(), {"title": "4-GPU DDP job hangs at the end of an epoch, then dies",
+                             "description": "Same code ran fine last week.", "log": log})
+    text = markdown(at)
+    assert r"**Collective timeout:** one node: rank 0 never arrived at ALLREDUCE \#1132079" in text
+    assert any("ProcessGroupNCCL" in c.value for c in at.code)
+
+
 def test_a_follow_up_question_gets_the_retrieval_answer_without_a_model(app_home):
     at = submit(open_app(), ECC_TICKET)
     at.chat_input[0].set_value("Is it safe to resubmit?").run()

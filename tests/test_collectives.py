@@ -46,11 +46,11 @@ def test_without_the_dumps_the_rank_is_still_found_but_the_collective_is_not_num
 # What each posted excerpt shows (tests/data/collectives/posted/README.md: source, what the thread
 # established). Kind, suspects (None: not asserted) and the first cause the verdict points to.
 POSTED = [
-    ("ace348-perlmutter-4gpu-rank0-silent.log", "one_node", [0], None),
+    ("ace348-perlmutter-4gpu-first-rank-silent.log", "one_node", [0], None),
     ("f5tts346-allreduce-vs-broadcast.log", "diverging", None, "buggy_code"),
     ("frtrace-analyzer-missing-ranks.log", "undetermined", [3, 4, 5, 6, 7], None),
     ("llamafactory2902-seqnum-skew.log", "diverging", None, "buggy_code"),
-    ("llamafactory6269-reducescatter-8rank.log", "everything", [], None),
+    ("llamafactory6269-reducescatter-8rank.log", "undetermined", [1, 5], None),  # the excerpt shows 5 ranks of 8
     ("milabench-dinov2-2node-reduce-vs-allreduce.log", "diverging", [6], "buggy_code"),
     ("nccl1409-accelerate-broadcast-vs-allreduce-elastic.log", "diverging", None, "buggy_code"),
     ("nccl1439-elastic-root-cause-2gpu.log", "one_node", [1], None),
@@ -64,9 +64,11 @@ POSTED = [
 
 
 @pytest.mark.parametrize("name, kind, suspects, cause", POSTED, ids=[row[0].split("-")[0] for row in POSTED])
-def test_logs_people_posted_get_the_verdict_they_show(name, kind, suspects, cause):
-    path = DATA / "posted" / name
-    assert path.read_text(encoding="utf-8").startswith("# source: https://"), "every posted fixture cites its thread"
+def test_logs_people_posted_get_the_verdict_they_show(name, kind, suspects, cause, tmp_path):
+    text = (DATA / "posted" / name).read_text(encoding="utf-8")
+    assert text.startswith("# source: https://"), "every posted fixture cites its thread"
+    path = tmp_path / name  # the log alone, without the fixture's header
+    path.write_text(text.split("\n\n", 1)[1], encoding="utf-8")
     verdict = verdict_of(path)
     assert verdict.kind == kind, verdict.summary
     if suspects is not None:
@@ -242,10 +244,31 @@ def test_diverging_ranks_point_to_the_users_code_and_are_not_retry_safe(engine):
     assert s.root_cause_dimension == "user"
 
 
-def test_the_terminal_card_shows_the_verdict_on_the_logs_it_is_given(_built_kb_dir):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(_built_kb_dir)}
+def test_the_terminal_card_shows_the_verdict_on_the_logs_it_is_given(_built_kb_dir, tmp_path):
+    import shutil
+
+    home = tmp_path / "kb"
+    shutil.copytree(_built_kb_dir, home)  # the module's engine holds the shared store open
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(home)}
     done = subprocess.run([sys.executable, "-m", "pmkb", "suggest", "--logs", str(DATA / "gloo-stall-interleaved.log"),
                            "--logs", str(DATA / "gloo-stall-dumps"), "4-rank job hangs at step 3 then dies"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Collective timeout: one node: rank 2 (localhost) never arrived" in done.stdout
+
+
+def test_a_decisive_verdict_decides_the_owner_and_the_text_the_cause_within_it():
+    from kb.core.collective_triage import CollectiveVerdict
+    from kb.engine.collective import follow_verdict
+
+    dims = {"improper_configuration": "user", "buggy_code": "user", "infiniband_failure": "hardware",
+            "nic_failure": "hardware", "gpu_lost": "hardware"}
+    causes = [("improper_configuration", 0.8), ("buggy_code", 0.1), ("gpu_lost", 0.06), ("infiniband_failure", 0.03),
+              ("nic_failure", 0.01)]
+    node = CollectiveVerdict(kind="one_node", summary="", dimension="hardware",
+                             causes=["infiniband_failure", "nic_failure"])
+    ranked = follow_verdict(causes, node, dims)
+    assert ranked[0][0] == "infiniband_failure" and ranked[0][1] >= 2 * ranked[1][1] - 1e-9
+    assert abs(sum(p for _, p in ranked) - 1) < 1e-9
+    everything = node.model_copy(update={"kind": "everything", "dimension": None})
+    assert follow_verdict(causes, everything, dims)[0][0] == "improper_configuration"  # not decisive

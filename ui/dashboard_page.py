@@ -66,6 +66,21 @@ def _trend_chart(rows: list[dict]) -> alt.Chart | None:
         tooltip=["period", "dimension", "incidents"]).properties(height=260)
 
 
+def _collective_timeouts(incidents) -> None:
+    """Collective-timeout crashes per month and by job size, beside all crashes."""
+    figures = collective_timeouts(incidents)
+    st.subheader("Collective timeouts")
+    if not figures["crashes"]:
+        st.caption("No crash of this cluster yet (the bundled reports describe other clusters).")
+        return
+    st.metric("Collective timeouts among crashes", f"{figures['timeouts']} of {figures['crashes']}",
+              help="Crashes whose ticket shows an NCCL or collective timeout (docs/nccl.md)")
+    left, right = st.columns(2)
+    for column, key, label in ((left, "by_month", "month"), (right, "by_size", "job size (GPUs as stated)")):
+        table = pd.DataFrame(figures[key]).rename(columns={"key": label, "timeouts": "collective timeouts"})
+        column.dataframe(table, hide_index=True, width="stretch")
+
+
 def render() -> None:
     """The dashboard."""
     res = loaded()
@@ -143,18 +158,3 @@ def render() -> None:
 
 
 render()
-
-
-def _collective_timeouts(incidents) -> None:
-    """Collective-timeout crashes per month and by job size, beside all crashes."""
-    figures = collective_timeouts(incidents)
-    st.subheader("Collective timeouts")
-    if not figures["crashes"]:
-        st.caption("No crash of this cluster yet (the bundled reports describe other clusters).")
-        return
-    st.metric("Collective timeouts among crashes", f"{figures['timeouts']} of {figures['crashes']}",
-              help="Crashes whose ticket shows an NCCL or collective timeout (docs/nccl.md)")
-    left, right = st.columns(2)
-    for column, key, label in ((left, "by_month", "month"), (right, "by_size", "job size (GPUs as stated)")):
-        table = pd.DataFrame(figures[key]).rename(columns={"key": label, "timeouts": "collective timeouts"})
-        column.dataframe(table, hide_index=True, width="stretch")

@@ -192,7 +192,8 @@ def triage(job: JobLogs) -> CollectiveVerdict:
                                  summary="No collective timeout found in the logs: no watchdog report, no "
                                          "'last completed' line and no flight-recorder dump.")
     seq, op = stuck if stuck else (0, None)
-    expected = sorted(set(range(job.world_size or 0)) | set(job.ranks))
+    # ranks are numbered from 0: a rank below the highest one seen exists, even if it wrote nothing
+    expected = sorted(set(range(max(job.world_size or 0, max(job.ranks, default=-1) + 1))) | set(job.ranks))
     states: dict[int, RankState] = {}
     for rank in expected:
         facts = job.ranks.get(rank)

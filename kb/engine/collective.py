@@ -20,6 +20,7 @@ _MARKERS = re.compile(r"WorkNCCL\(|WorkGloo\(|last enqueued (?:NCCL )?work|Root 
 
 # How far a verdict moves the odds of the causes it points to: the first, then the others. The logs of
 # the ranks are direct evidence of where the job stopped, stronger than words shared with past tickets.
+DECISIVE = {"one_node", "one_link", "diverging"}
 VERDICT_ODDS = {"one_node": (10.0, 4.0), "one_link": (10.0, 4.0), "diverging": (10.0, 4.0), "everything": (2.0, 2.0)}
 
 
@@ -33,11 +34,22 @@ def read_collective(text: str) -> CollectiveVerdict | None:
 
 
 def follow_verdict(causes: list[tuple[str, float]], verdict: CollectiveVerdict,
-                   known: set[str]) -> list[tuple[str, float]]:
-    """The cause ranking with the odds of the verdict's causes raised (``VERDICT_ODDS``), renormalised."""
+                   dimension_of: dict[str, str]) -> list[tuple[str, float]]:
+    """The cause ranking with the odds of the verdict's causes raised (``VERDICT_ODDS``), renormalised.
+
+    A decisive verdict (one node, one link, diverging ranks) decides the owner: when a cause of
+    another dimension still leads, those causes are scaled down until the best cause of the
+    verdict's dimension leads two to one. The text and the neighbours still decide the cause
+    within that dimension."""
     first, rest = VERDICT_ODDS.get(verdict.kind, (1.0, 1.0))
-    pointed = [c for c in verdict.causes if c in known]
+    pointed = [c for c in verdict.causes if c in dimension_of]
     factor = {c: (first if n == 0 else rest) for n, c in enumerate(pointed)}
     raised = [(cause, p * factor.get(cause, 1.0)) for cause, p in causes]
+    if verdict.kind in DECISIVE and verdict.dimension:
+        inside = max((p for c, p in raised if dimension_of.get(c) == verdict.dimension), default=0.0)
+        outside = max((p for c, p in raised if dimension_of.get(c) != verdict.dimension), default=0.0)
+        if inside > 0 and outside >= inside / 2:
+            scale = inside / (2 * outside)
+            raised = [(c, p if dimension_of.get(c) == verdict.dimension else p * scale) for c, p in raised]
     total = sum(p for _, p in raised) or 1.0
     return sorted(((cause, p / total) for cause, p in raised), key=lambda item: -item[1])

@@ -344,7 +344,7 @@ class SuggestionEngine:
         cause = tax.root_cause(top_cause)
         collective = read_collective(text)
         if collective is not None:
-            causes = follow_verdict(causes, collective, set(tax.cause_ids))
+            causes = follow_verdict(causes, collective, {c: tax.dimension_of(c) for c in tax.cause_ids})
             top_cause, top_p = causes[0]
             cause = tax.root_cause(top_cause)
         suspect = find_suspect(text) if top_cause in tax.suspect_node_causes or any(
