@@ -192,6 +192,14 @@ def test_the_ranks_logs_in_the_log_box_give_the_collective_verdict_on_the_card(a
     assert any("ProcessGroupNCCL" in c.value for c in at.code)
 
 
+def test_uploaded_rank_logs_are_traced_to_the_rank_that_never_arrived(app_home):
+    log = (ROOT / "tests" / "data" / "collectives" / "gloo-stall-interleaved.log").read_bytes()
+    at = open_app()
+    at.file_uploader(key="ticket-logs").set_value([("slurm-4411.out", log, "text/plain")])
+    at = submit(at, {"title": "4-rank job hangs at step 3, then dies", "description": "Nothing changed."})
+    assert r"**Collective timeout:** one node: rank 2 \(localhost\) never arrived" in markdown(at)
+
+
 def test_a_follow_up_question_gets_the_retrieval_answer_without_a_model(app_home):
     at = submit(open_app(), ECC_TICKET)
     at.chat_input[0].set_value("Is it safe to resubmit?").run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kb.core.rank_logs import RankLogError, read_upload, sources_as_text
 from kb.core.redact import redact
 from kb.core.suggestion import EmptyTicket, Suggestion, Ticket
 from kb.jobs.feedback import FeedbackError, LabelSet, incident_id_for, save_feedback
@@ -36,9 +37,17 @@ def _ticket_form(res: Loaded) -> None:
                                    placeholder="What happened, job id, nodes, what was tried")
         log = st.text_area("Log excerpt (optional)", height=110, key="ticket-log",
                            placeholder="Paste the error lines: Xid, NCCL, Traceback, dmesg ...")
+        uploads = st.file_uploader("Job logs (optional)", accept_multiple_files=True, key="ticket-logs",
+                                   help="The ranks' log files or a tarball of them: a collective timeout in "
+                                        "them is traced to the ranks and node that never arrived")
         ticket_id = st.text_input("Ticket id (optional)", key="ticket-id", placeholder="e.g. OPS-1234")
         submitted = st.form_submit_button("Suggest", type="primary", icon=":material/troubleshoot:")
     if not submitted:
+        return
+    try:
+        log = "\n".join(p for p in (log, _uploaded_logs(uploads)) if p)
+    except RankLogError as exc:
+        st.error(f"The job logs could not be read: {exc}")
         return
     ticket = Ticket(title=title, description=description, log=log)
     ticket = ticket.model_copy(update={"id": ticket_id.strip() or incident_id_for(ticket)})
@@ -51,6 +60,12 @@ def _ticket_form(res: Loaded) -> None:
     previous = st.session_state.get(RESULT)
     st.session_state[RESULT] = {"ticket": ticket, "suggestion": suggestion, "chat": [], "saved": None,
                                 "round": (previous["round"] + 1) if previous else 1}
+
+
+def _uploaded_logs(uploads) -> str:
+    """The uploaded job logs as one log text, each rank's file marked with its rank."""
+    sources = [source for upload in uploads or () for source in read_upload(upload.name, upload.getvalue())]
+    return sources_as_text(sources)
 
 
 def _answer_close_call(res: Loaded, cause: str) -> None:

@@ -118,6 +118,14 @@ def read_sources(paths: list[str | Path]) -> list[LogSource]:
     return sources
 
 
+def read_upload(name: str, data: bytes) -> list[LogSource]:
+    """The sources in one uploaded file (a log, a dump or a tarball of them); raises RankLogError
+    naming a damaged tarball."""
+    if tarfile.is_tarfile(io.BytesIO(data)):
+        return _read_tar(io.BytesIO(data), name, [MAX_TOTAL_BYTES])
+    return [parse_source(name, data)]
+
+
 def _read_file(path: Path, name: str, budget: list[int]) -> list[LogSource]:
     try:
         if tarfile.is_tarfile(path):
@@ -130,11 +138,11 @@ def _read_file(path: Path, name: str, budget: list[int]) -> list[LogSource]:
     return [parse_source(name, data)]
 
 
-def _read_tar(path: Path, name: str, budget: list[int]) -> list[LogSource]:
+def _read_tar(path: Path | io.BytesIO, name: str, budget: list[int]) -> list[LogSource]:
     """The regular files of a tarball, read in memory (nothing is extracted to disk)."""
     out: list[LogSource] = []
     try:
-        with tarfile.open(path) as tar:
+        with tarfile.open(path) if isinstance(path, Path) else tarfile.open(fileobj=path) as tar:
             for member in tar:
                 if not member.isfile():
                     continue  # links, devices and directories are not logs
@@ -147,7 +155,7 @@ def _read_tar(path: Path, name: str, budget: list[int]) -> list[LogSource]:
                 if data is not None:
                     out.append(parse_source(f"{name}:{member.name}", data))
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise RankLogError(f"{path}: a damaged tarball ({exc})") from None
+        raise RankLogError(f"{name}: a damaged tarball ({exc})") from None
     return sorted(out, key=lambda s: s.name)
 
 
