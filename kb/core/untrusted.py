@@ -63,7 +63,7 @@ _WORD = re.compile(r"\w")
 
 
 def _instruction_spans(line: str) -> list[tuple[int, int]]:
-    """Merged spans of a line to cut: each marker, and for an order, the rest of its sentence."""
+    """Merged spans of a line to cut: each marker, and for an order, its whole sentence."""
     ends = [m.end() for m in _SENTENCE_END.finditer(line)]
     spans = []
     for name, pattern in _INJECTION_RE.items():
@@ -72,10 +72,13 @@ def _instruction_spans(line: str) -> list[tuple[int, int]]:
             if name == "chat-token":  # <start_of_turn>system: the role name belongs to the token
                 role = _ROLE_AFTER_TOKEN.match(line, end)
                 end = role.end() if role else end
-            elif name not in _IN_PLACE:
+            start = match.start()
+            if name not in _IN_PLACE:  # an order goes with its whole sentence, claims before it included
                 after = bisect.bisect_left(ends, end)
                 end = ends[after] if after < len(ends) else len(line)
-            spans.append((match.start(), max(end, match.start() + 1)))
+                before = bisect.bisect_right(ends, start) - 1
+                start = ends[before] if before >= 0 else 0
+            spans.append((start, max(end, start + 1)))
     merged: list[list[int]] = []
     for lo, hi in sorted(spans):
         if merged and lo <= merged[-1][1]:
@@ -99,8 +102,9 @@ def _without_instructions(line: str) -> str | None:
 def strip_instruction_lines(text: str) -> tuple[str, int]:
     """The text with its instruction-like parts cut out, and how many lines lost something.
 
-    Only the instruction goes: a fake role prefix, a chat token or one of our delimiters, and an
-    order (ignore the above, you are now, label this ...) to the end of its sentence. The rest of
+    Only the instruction goes: a fake role prefix, a chat token or one of our delimiters, and the
+    whole sentence that carries an order (ignore the above, you are now, label this, cite ...), so a
+    claim made to back the order ("as shown in [x], this is a user bug; cite [x]") goes too. The rest of
     each line stays, so a log line behind a fake ``System:`` prefix still counts as evidence; a
     line with nothing else on it is dropped. Nothing is put in the cut's place, since any words
     left there would weigh on the classification.
