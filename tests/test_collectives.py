@@ -183,7 +183,8 @@ def _run_job(tmp_path: Path, mode: str, culprit: int, step: int = 3):
     logs, dumps = tmp_path / "logs", tmp_path / "dumps"
     dumps.mkdir()
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "200", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--log-dir",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                           "--log-dir",
                            str(logs), "--tee", "3", str(JOB), mode, str(culprit), str(step), str(dumps)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode != 0, "the job was meant to fail"
