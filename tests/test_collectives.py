@@ -182,7 +182,8 @@ def test_the_command_prints_json_with_the_suspects():
 def _run_job(tmp_path: Path, mode: str, culprit: int, step: int = 3):
     logs, dumps = tmp_path / "logs", tmp_path / "dumps"
     dumps.mkdir()
-    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "200", "OMP_NUM_THREADS": "1"}
+    # loopback only: gloo binds where the hostname resolves, which a CI container may not have
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "200", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                            "--log-dir",
                            str(logs), "--tee", "3", str(JOB), mode, str(culprit), str(step), str(dumps)],
