@@ -274,3 +274,14 @@ def test_a_decisive_verdict_decides_the_owner_and_the_text_the_cause_within_it()
     assert abs(sum(p for _, p in ranked) - 1) < 1e-9
     everything = node.model_copy(update={"kind": "everything", "dimension": None})
     assert follow_verdict(causes, everything, dims)[0][0] == "improper_configuration"  # not decisive
+
+
+def test_a_hostile_64_kib_ticket_costs_linear_time_in_the_engines_log_reader():
+    from kb.engine.collective import read_collective
+
+    hostile = ["missing ranks: {" + "1," * 32000, "WorkNCCL(SeqNum=" + "9" * 65000,
+               "[PG " + "(" * 65000 + " Rank 1]", "x:1:1 [0] " + "a" * 65000 + " NCCL WARN"]
+    for body in hostile:
+        started = time.perf_counter()
+        read_collective(body[:65536])
+        assert time.perf_counter() - started < 5, body[:30]

@@ -63,9 +63,13 @@ def _is_dump_name(name: str) -> bool:
     return "trace" in base.lower() and bool(_DUMP_NAME.search(base))
 
 
-def _decode(data: bytes) -> list[str]:
-    text = data.decode("utf-8", errors="replace")
+def split_lines(text: str) -> list[str]:
+    """A log text as lines, each cut at ``MAX_LINE_CHARS``."""
     return [line[:MAX_LINE_CHARS] for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+
+
+def _decode(data: bytes) -> list[str]:
+    return split_lines(data.decode("utf-8", errors="replace"))
 
 
 def parse_source(name: str, data: bytes) -> LogSource:

@@ -12,7 +12,7 @@ import re
 
 from kb.core.collective_logs import read_job
 from kb.core.collective_triage import CollectiveVerdict, triage
-from kb.core.rank_logs import LogSource
+from kb.core.rank_logs import LogSource, split_lines
 
 _MARKERS = re.compile(r"WorkNCCL\(|WorkGloo\(|last enqueued (?:NCCL )?work|Root Cause \(first observed failure\)|"
                       r"Detected mismatch between collectives|missing ranks: \{|NCCL WARN|"
@@ -29,7 +29,7 @@ def read_collective(text: str) -> CollectiveVerdict | None:
     the logs decide nothing."""
     if not _MARKERS.search(text):
         return None
-    verdict = triage(read_job([LogSource("ticket", lines=text.split("\n"))]))
+    verdict = triage(read_job([LogSource("ticket", lines=split_lines(text))]))
     return None if verdict.kind == "undetermined" else verdict
 
 
