@@ -98,9 +98,8 @@ def _stuck_group(job: JobLogs) -> str:
     return "0" if "0" in groups or not groups else groups.most_common(1)[0][0]
 
 
-def _stuck(job: JobLogs) -> tuple[int, str | None] | None:
-    """The collective most ranks report as timed out (sequence number, collective)."""
-    group = _stuck_group(job)
+def _stuck(job: JobLogs, group: str) -> tuple[int, str | None] | None:
+    """The collective most ranks report as timed out on ``group`` (sequence number, collective)."""
     reported = Counter(f.timed_out for f in job.ranks.values() if f.timed_out and f.group == group)
     if reported:
         (seq, op), _ = max(reported.items(), key=lambda item: (item[1], -item[0][0]))
@@ -185,7 +184,8 @@ def _hardware_causes(suspects: list[RankFacts]) -> list[str]:
 
 def triage(job: JobLogs) -> CollectiveVerdict:
     """The verdict on a job's logs (see the module docstring)."""
-    stuck = _stuck(job)
+    group = _stuck_group(job)
+    stuck = _stuck(job, group)
     first = [] if stuck else _failed_first(job)
     if stuck is None and not first and not job.mismatch:
         return CollectiveVerdict(kind="undetermined", world_size=job.world_size, notes=job.notes,
@@ -203,7 +203,6 @@ def triage(job: JobLogs) -> CollectiveVerdict:
                                  last_completed=facts.last_completed if facts else None,
                                  first_error=facts.first_error.cite() if facts and facts.first_error else None,
                                  exit=facts.exit if facts else None)
-    group = _stuck_group(job)
     if stuck and group != "0":  # a sub-group's collective: a rank that says nothing of it may not be a member
         for rank, state in states.items():
             facts = job.ranks.get(rank)
