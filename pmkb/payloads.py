@@ -14,10 +14,12 @@ from datetime import datetime
 
 GITHUB_ACTIONS = {"opened", "edited", "reopened"}
 JIRA_EVENTS = {"jira:issue_created", "jira:issue_updated"}
-JIRA_TEXT_FIELDS = {"summary", "description"}
+JIRA_TEXT_FIELDS = {"summary", "description", "Attachment"}  # an attached log is new evidence
 MAX_DEPTH = 64
 """Deepest nesting accepted in a body (Atlassian Document Format trees are a few levels deep)."""
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
+_JIRA_ID = re.compile(r"^\d{1,18}$")
+MAX_ATTACHMENTS = 100  # entries of a Jira issue's attachment list kept for the bot
 
 
 class BadPayload(ValueError):
@@ -133,16 +135,33 @@ def jira_event(payload: dict) -> TicketEvent:
     if event == "jira:issue_updated" and items and not any(
             isinstance(i, dict) and isinstance(i.get("field"), str) and i["field"] in JIRA_TEXT_FIELDS
             for i in items):
-        raise Ignored("neither summary nor description changed")
+        raise Ignored("neither summary, description nor attachments changed")
     issue = _object(payload.get("issue"), "issue")
     fields = _object(issue.get("fields"), "issue.fields")
     key = _string(issue.get("key"), "issue.key", required=True)
     ticket = {"id": key, "title": jira_text(fields.get("summary"), "issue.fields.summary"),
               "description": jira_text(fields.get("description"), "issue.fields.description")}
+    if attachments := jira_attachments(fields):
+        ticket["attachments"] = attachments
     version = _jira_time(fields.get("updated"))
     if version is None and payload.get("timestamp") is not None:
         version = _jira_stamp(payload["timestamp"])
     return TicketEvent("jira", key, ticket, event, version)
+
+
+def jira_attachments(fields: dict) -> list[dict]:
+    """The attachments a Jira webhook's ``issue.fields`` lists, as ``{id, filename, size}`` (entries
+    without a numeric id or a name are left out)."""
+    found = fields.get("attachment")
+    out = []
+    for item in found[:MAX_ATTACHMENTS] if isinstance(found, list) else ():
+        if not isinstance(item, dict):
+            continue
+        ident, name, size = str(item.get("id", "")), item.get("filename"), item.get("size")
+        if _JIRA_ID.match(ident) and isinstance(name, str) and name:
+            out.append({"id": ident, "filename": name[:200],
+                        "size": size if isinstance(size, int) and not isinstance(size, bool) else None})
+    return out
 
 
 def _jira_stamp(stamp) -> float:

@@ -175,6 +175,7 @@ class Service:
     def handle(self, event: Event) -> dict:
         """Worker handler: suggest for the queued ticket and write the result back."""
         from kb.jobs.remediate import act_unattended
+        from kb.tickets.attachments import attached_logs
         from kb.tickets.writeback import TicketRef, WriteBackError, write_back
 
         if self.queue.stale(event):  # e.g. a replayed delivery of an older version of the ticket
@@ -184,15 +185,13 @@ class Service:
         if event.content_hash and self.queue.last_done_hash(event.ticket) == event.content_hash:
             raise Skipped("ticket text unchanged since the last write-back")
         try:
-            suggestion = self.suggest(Ticket(**event.payload["ticket"]))
+            attached = attached_logs(self.settings, event.payload["system"], event.payload["ticket"], self.http)
+            suggestion = self.suggest(Ticket(**event.payload["ticket"], log=attached.text))
             if suggestion.remediation is not None and (acting := self.remediator()) is not None:
                 suggestion.remediation = act_unattended(suggestion.remediation, *acting, actor="pmkb serve")
             ref = TicketRef(system=event.payload["system"], key=event.ticket)
-            if self._http is None and self.settings.writeback_outbox is None:
-                import httpx
-
-                self._http = httpx.Client()
-            done = write_back(self.settings, ref, suggestion, client=self._http)
+            done = write_back(self.settings, ref, suggestion,
+                              client=None if self.settings.writeback_outbox else self.http)
             return done | {"root_cause": suggestion.root_cause, "abstained": suggestion.abstained}
         except EmptyTicket as exc:  # nothing to suggest from: not a failure anyone can fix by retrying
             raise Skipped(str(exc)) from exc
@@ -200,6 +199,15 @@ class Service:
             if not exc.retryable:
                 raise PermanentError(str(exc)) from exc
             raise RetryLater(str(exc), exc.retry_after) from exc
+
+    @property
+    def http(self):
+        """The HTTP client of the ticket systems' APIs, made on first use."""
+        if self._http is None:
+            import httpx
+
+            self._http = httpx.Client()
+        return self._http
 
     def remediator(self):
         """(policy, cluster, audit log) when the policy lets the bot act on its own, else None; a policy

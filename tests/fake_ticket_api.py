@@ -23,6 +23,9 @@ _GH_COMMENTS = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)/comments$")
 _GH_COMMENT = re.compile(r"^/repos/([^/]+/[^/]+)/issues/comments/(\d+)$")
 _GH_LABELS = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)/labels(?:/(.+))?$")
 _GH_ISSUE = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)$")
+_JIRA_ATTACHMENT = re.compile(r"^/rest/api/2/attachment/content/(\d+)$")
+_MEDIA = re.compile(r"^/media/(\d+)$")
+_GIST = re.compile(r"^/gists/([0-9a-f]+)$")
 _JIRA_ISSUE = re.compile(r"^/rest/api/2/issue/([A-Z][A-Z0-9_]*-\d+)(/comment(?:/(\d+))?)?$")
 
 
@@ -43,6 +46,11 @@ class FakeTicketApi:
         # GET /rest/api/2/myself for pmkb's token: Jira Cloud's shape; Data Center's has name and key instead.
         self.jira_myself: dict = {"accountId": "557058:pmkb-bot", "displayName": "pmkb"}
         self.strangers: dict[str, str] = {"stranger-token": "mallory"}  # token -> someone else's login
+        self.attachments: dict[str, bytes] = {}  # Jira attachment id -> content
+        # Set: attachment content answers 303 to this origin's /media/<id> (Jira Cloud's media host),
+        # served without a token.
+        self.media_origin: str | None = None
+        self.gists: dict[str, dict] = {}  # gist id -> its "files" mapping, as GET /gists/<id> answers
         self.stall_after_create = 0.0  # seconds to wait after storing a new comment, before answering
         self._next_id = 1000
         self._lock = threading.Lock()
@@ -62,11 +70,12 @@ class FakeTicketApi:
                 with api._lock:
                     api.requests.append(record)
                 status, body, headers = api.route(record)
-                data = b"" if body is None else json.dumps(body).encode()
+                raw_body = isinstance(body, bytes)
+                data = body if raw_body else b"" if body is None else json.dumps(body).encode()
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "application/octet-stream" if raw_body else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 try:
                     self.end_headers()
@@ -147,6 +156,11 @@ class FakeTicketApi:
             with self._lock:
                 self.fail_comment_writes -= 1
             return 502, {"message": "bad gateway on the comment"}, {}
+        if (m := _MEDIA.match(r["path"])) and m[1] in self.attachments:
+            return 200, self.attachments[m[1]], {}
+        if (m := _GIST.match(r["path"])) and r["method"] == "GET":  # public gists need no token
+            return (200, {"id": m[1], "files": self.gists[m[1]]}, {}) if m[1] in self.gists else (
+                404, {"message": "Not Found"}, {})
         if not r["headers"].get("authorization", "").startswith(("Bearer ", "Basic ")):
             return 401, {"message": "Requires authentication"}, {}
         method, path, body = r["method"], r["path"], r["json"]
@@ -157,6 +171,12 @@ class FakeTicketApi:
             return 200, {**self._github_user(token)[0], "id": 7}, {}
         if path == "/rest/api/2/myself" and method == "GET":
             return 200, self._jira_user(token), {}
+        if (m := _JIRA_ATTACHMENT.match(path)) and method == "GET":
+            if m[1] not in self.attachments:
+                return 404, {"errorMessages": ["Attachment does not exist"]}, {}
+            if self.media_origin:
+                return 303, None, {"Location": f"{self.media_origin}/media/{m[1]}"}
+            return 200, self.attachments[m[1]], {}
         if (m := _GH_ISSUE.match(path)) and method == "GET":
             key = f"{m[1]}#{m[2]}"
             if key in self.missing:

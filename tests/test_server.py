@@ -488,3 +488,17 @@ def test_readyz_is_not_ready_while_the_queue_cannot_be_written(live):
     finally:
         worker.write_error = None
     assert httpx.get(f"{live.url}/readyz").status_code == 200
+
+
+def test_the_logs_attached_to_a_jira_issue_give_the_comment_its_collective_verdict(live, api):
+    logs = (Path(__file__).resolve().parent / "data" / "collectives" / "gloo-stall-interleaved.log").read_bytes()
+    api.attachments["20001"] = logs
+    payload = jira_event("jira:issue_created", "OPS-77", "4-rank training job hangs at step 3 then dies",
+                         "The job stopped making progress, then every rank timed out. Logs attached.")
+    payload["issue"]["fields"]["attachment"] = [{"id": "20001", "filename": "slurm-4411.out", "size": len(logs)}]
+    event = post_jira(live.url, payload).json()
+    wait_finished(live.service, event["event_id"])
+    fetched = [r for r in api.requests if r["path"] == "/rest/api/2/attachment/content/20001"]
+    assert len(fetched) == 1 and fetched[0]["headers"]["authorization"] == "Bearer jira-token"
+    body = api.comments["OPS-77"][0]["body"]
+    assert "*Collective timeout:* one node: rank 2 (localhost) never arrived" in body

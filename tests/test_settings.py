@@ -59,6 +59,7 @@ def test_an_unknown_setting_in_the_file_is_refused_by_name(tmp_path):
     ("PMKB_ABSTAIN_THRESHOLD", "7"), ("PMKB_NEIGHBOURS", "-3"), ("PMKB_WRITEBACK_TIMEOUT", "0"),
     ("PMKB_QUEUE_RETRY_BUDGET_HOURS", "0"), ("PMKB_QUEUE_RETENTION_DAYS", "-2"), ("PMKB_LLM_TIMEOUT", "0"),
     ("PMKB_HEADER_TIMEOUT", "0"), ("PMKB_MAX_CONNECTIONS", "3"), ("PMKB_MAX_CALLS_PER_CLIENT", "0"),
+    ("PMKB_ATTACHMENT_MAX_BYTES", "0"), ("PMKB_ATTACHMENT_TIMEOUT", "-1"), ("PMKB_ATTACHMENT_HOSTS", "https://x/"),
 ])
 def test_an_out_of_range_setting_is_refused_naming_it(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)

@@ -122,11 +122,11 @@ def read_sources(paths: list[str | Path]) -> list[LogSource]:
     return sources
 
 
-def read_upload(name: str, data: bytes) -> list[LogSource]:
-    """The sources in one uploaded file (a log, a dump or a tarball of them); raises RankLogError
-    naming a damaged tarball."""
+def read_upload(name: str, data: bytes, limit: int = MAX_TOTAL_BYTES) -> list[LogSource]:
+    """The sources in one uploaded file (a log, a dump or a tarball of them, unpacked within
+    ``limit`` bytes); raises RankLogError naming a damaged tarball."""
     if tarfile.is_tarfile(io.BytesIO(data)):
-        return _read_tar(io.BytesIO(data), name, [MAX_TOTAL_BYTES])
+        return _read_tar(io.BytesIO(data), name, [limit])
     return [parse_source(name, data)]
 
 
@@ -152,7 +152,7 @@ def _read_tar(path: Path | io.BytesIO, name: str, budget: list[int]) -> list[Log
                     continue  # links, devices and directories are not logs
                 if member.size > budget[0]:
                     out.append(LogSource(f"{name}:{member.name}", notes=[f"{member.name}: skipped, past the "
-                                                                         f"{MAX_TOTAL_BYTES // 2**20} MiB limit"]))
+                                                                         "size limit of the unpacked logs"]))
                     continue
                 handle = tar.extractfile(member)
                 data = _take(handle.read() if handle else b"", budget)

@@ -195,6 +195,16 @@ class Settings(BaseSettings):
     max_calls_per_client: int = Field(4, ge=1)
     # Seconds allowed for each GitHub / Jira REST call.
     writeback_timeout: float = Field(15.0, gt=0)
+    # The bot reads the job logs a ticket carries beyond its text: a Jira issue's attachments and the
+    # GitHub gists an issue links, fetched by id from the ticket system's own API (kb/tickets/attachments.py).
+    fetch_attachments: bool = True
+    # Largest attachment or gist file read, in bytes as sent (a tarball may unpack to 8 times that).
+    attachment_max_bytes: int = Field(16 * 2**20, ge=1024, le=256 * 2**20)
+    # Seconds allowed for fetching one attachment, redirects included.
+    attachment_timeout: float = Field(60.0, gt=0, le=600)
+    # Hosts an attachment download may be redirected to besides the ticket system's own, comma-separated
+    # (Jira Cloud serves attachment content from api.media.atlassian.com); the token never goes there.
+    attachment_hosts: Annotated[list[str], NoDecode] = ["api.media.atlassian.com"]
     # Dry run: append the intended write-back calls to this JSONL file instead of making them.
     writeback_outbox: Path | None = None
     # Hosts a comment may link to (a similar incident's thread), comma-separated; a subdomain is
@@ -202,7 +212,7 @@ class Settings(BaseSettings):
     # host of jira_url). Empty: no links.
     comment_link_hosts: Annotated[list[str] | None, NoDecode] = None
 
-    @field_validator("comment_link_hosts", mode="before")
+    @field_validator("comment_link_hosts", "attachment_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -211,7 +221,7 @@ class Settings(BaseSettings):
             value = [str(h).strip().lower() for h in value if str(h).strip()]
             bad = [h for h in value if "/" in h or ":" in h or " " in h]
             if bad:
-                raise ValueError(f"comment_link_hosts takes host names only (no scheme, port or path): {bad}")
+                raise ValueError(f"takes host names only (no scheme, port or path): {bad}")
         return value
 
     def link_hosts(self, system: str) -> list[str]:

@@ -281,11 +281,8 @@ class JiraTicketApi(_RestClient):
             raise WriteBackError("PMKB_JIRA_URL and PMKB_JIRA_TOKEN must be set: set them, or run "
                                  "with --dry-run", False)
         token = settings.jira_token.get_secret_value()
-        # Jira Cloud API tokens go with the account e-mail as Basic auth ("me@example.com:token");
-        # Jira Data Center personal access tokens are Bearer tokens.
-        auth = f"Basic {base64.b64encode(token.encode()).decode()}" if ":" in token else f"Bearer {token}"
         super().__init__(ref, client, settings.jira_url, {
-            "Authorization": auth, "Accept": "application/json", "Content-Type": "application/json"},
+            "Authorization": jira_auth(token), "Accept": "application/json", "Content-Type": "application/json"},
             settings.writeback_timeout, token)
         self.issue = f"/rest/api/2/issue/{ref.key}"
 
@@ -326,6 +323,12 @@ class JiraTicketApi(_RestClient):
     def update_comment(self, comment_id: str | int, body: str) -> None:
         """PUT a new body on one of the issue's comments."""
         self.call("PUT", f"{self.issue}/comment/{comment_id}", {"body": body})
+
+
+def jira_auth(token: str) -> str:
+    """The Authorization header for a Jira token: Jira Cloud API tokens go with the account e-mail
+    as Basic auth ("me@example.com:token"); Jira Data Center personal access tokens are Bearer tokens."""
+    return f"Basic {base64.b64encode(token.encode()).decode()}" if ":" in token else f"Bearer {token}"
 
 
 def ticket_api(settings: Settings, ref: TicketRef, client: httpx.Client) -> TicketSystem:
