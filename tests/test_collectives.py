@@ -171,6 +171,53 @@ def test_hostile_lines_cost_linear_time(tmp_path):
     assert time.perf_counter() - started < 10
 
 
+WATCHDOG = ("[rank{r}]: [E ProcessGroupNCCL.cpp:457] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800035 "
+            "milliseconds before timing out.")
+
+
+def test_two_jobs_interleaved_in_one_output_are_named_not_guessed(tmp_path):
+    log = tmp_path / "slurm-77.out"  # job A stuck at #5 without rank 2; job B at #900 on every rank
+    log.write_text("\n".join([WATCHDOG.format(r=r, seq=5, op="ALLREDUCE") for r in (0, 1, 3)]
+                             + [WATCHDOG.format(r=r, seq=900, op="BROADCAST") for r in range(4)]))
+    verdict = verdict_of(log)
+    assert verdict.kind == "undetermined" and "more than one run" in verdict.summary
+    assert "ALLREDUCE #5" in verdict.summary and "BROADCAST #900" in verdict.summary
+    close = tmp_path / "rank0.log"  # works in flight time out together: one run
+    close.write_text("\n".join(WATCHDOG.format(r=0, seq=seq, op="ALLREDUCE") for seq in (40, 41)))
+    assert "more than one run" not in verdict_of(close).summary
+
+
+def test_a_stray_rank_number_is_not_taken_for_a_million_silent_ranks(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(WATCHDOG.format(r=999999, seq=5, op="ALLREDUCE") + "\nNCCL INFO nranks 999999\n")
+    started = time.perf_counter()
+    verdict = verdict_of(log)
+    assert time.perf_counter() - started < 2 and verdict.kind == "undetermined"
+    assert len(verdict.ranks) == 1 and any("only 1 wrote lines" in note for note in verdict.notes)
+
+
+def test_binary_garbage_a_log_past_the_limit_and_a_tarball_bomb_are_skipped_with_notes(tmp_path, monkeypatch):
+    import kb.core.rank_logs as rank_logs
+
+    monkeypatch.setattr(rank_logs, "MAX_TOTAL_BYTES", 2**20)
+    (tmp_path / "core.bin").write_bytes(os.urandom(64 * 1024))
+    (tmp_path / "rank0.log").write_text(WATCHDOG.format(r=0, seq=5, op="ALLREDUCE") + "\n")
+    (tmp_path / "rank1.log").write_bytes(b"step\n" * 300_000)  # 1.5 MiB: past the limit
+    bomb = tmp_path / "dumps.tar.gz"
+    with tarfile.open(bomb, "w:gz") as tar:
+        info = tarfile.TarInfo("rank2.log")
+        info.size = 4 * 2**20
+        tar.addfile(info, io.BytesIO(b"\0" * info.size))
+    assert bomb.stat().st_size < 20_000
+    sources = read_sources([tmp_path])
+    notes = [note for source in sources for note in source.notes]
+    assert any("core.bin: binary, skipped" in n for n in notes)
+    assert any("rank1.log: skipped, past" in n for n in notes)
+    assert any("rank2.log: skipped, past the size limit" in n for n in notes)
+    assert triage(read_job(sources)).ranks[0].state.startswith("waiting")
+
+
 def test_the_command_prints_json_with_the_suspects():
     done = subprocess.run([sys.executable, "-m", "pmkb", "nccl", "--json", str(DATA / "gloo-stall-interleaved.log"),
                            str(DATA / "gloo-stall-dumps")], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -55,6 +55,9 @@ class RankFacts:
     timeout_line: LogLine | None = None
     dump: str | None = None  # the flight-recorder dump read for it
     marks_completion: bool = True  # whether its dump marks entries completed (NCCL does, gloo does not)
+    # Two timeout reports of one process group far apart, or two collectives at one number: the logs
+    # of two runs (jobs, or a launcher's restart attempts) mixed together.
+    other_run: tuple[tuple[int, str], tuple[int, str]] | None = None
 
 
 @dataclass
@@ -76,6 +79,7 @@ class JobLogs:
         return self.ranks[rank]
 
 
+RUN_GAP = 16  # sequence numbers one rank's timeout reports may lie apart within one run (works in flight)
 _TORCH_PREFIX = re.compile(r"\[rank(\d{1,6})\]:\s?")  # searched in a line's first 300 characters
 _SRUN_LABEL = re.compile(r"^ {0,5}(\d{1,6}): ")
 _RANK_IN_MESSAGE = re.compile(r"\[(?:PG [^\]\[]{0,120} )?Rank (\d{1,6})\]")
@@ -224,7 +228,11 @@ def _read_rank_line(facts: RankFacts, body: str, line: LogLine, group: str = "0"
     facts.lines += 1
     watchdog = _WATCHDOG.search(body)
     if watchdog and any(word in body.lower() for word in ("timeout", "timed out", "timing out")):
-        facts.timed_out = (int(watchdog.group(1)), watchdog.group(2).upper())
+        report = (int(watchdog.group(1)), watchdog.group(2).upper())
+        if (facts.timed_out not in (None, UNNUMBERED, report) and facts.group == group and not facts.other_run
+                and (abs(facts.timed_out[0] - report[0]) > RUN_GAP or facts.timed_out[0] == report[0])):
+            facts.other_run = (facts.timed_out, report)  # two runs' logs (two jobs, or restarts) in one
+        facts.timed_out = report
         facts.group = group
         facts.timeout_line = facts.timeout_line or line
     elif facts.timed_out is None and _UNNUMBERED_TIMEOUT.search(body):

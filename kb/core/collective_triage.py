@@ -182,6 +182,9 @@ def _hardware_causes(suspects: list[RankFacts]) -> list[str]:
     return ["node_outage", "gpu_processor_fault", "gpu_lost"]
 
 
+MAX_SILENT = 1024  # ranks counted as silent beyond four times the ranks that wrote
+
+
 def triage(job: JobLogs) -> CollectiveVerdict:
     """The verdict on a job's logs (see the module docstring)."""
     group = _stuck_group(job)
@@ -191,9 +194,22 @@ def triage(job: JobLogs) -> CollectiveVerdict:
         return CollectiveVerdict(kind="undetermined", world_size=job.world_size, notes=job.notes,
                                  summary="No collective timeout found in the logs: no watchdog report, no "
                                          "'last completed' line and no flight-recorder dump.")
+    mixed = next((f for f in job.ranks.values() if f.other_run), None)
+    if mixed is not None:
+        (a_seq, a_op), (b_seq, b_op) = mixed.other_run
+        return CollectiveVerdict(kind="undetermined", world_size=job.world_size, notes=job.notes,
+                                 summary=f"The logs hold more than one run: rank {mixed.rank} reported timeouts at "
+                                         f"{a_op} #{a_seq} and at {b_op} #{b_seq}. Give the logs of one job (or "
+                                         "of one restart attempt) and triage again.")
     seq, op = stuck if stuck else (0, None)
-    # ranks are numbered from 0: a rank below the highest one seen exists, even if it wrote nothing
-    expected = sorted(set(range(max(job.world_size or 0, max(job.ranks, default=-1) + 1))) | set(job.ranks))
+    # Ranks are numbered from 0: a rank below the highest one seen exists, even if it wrote nothing,
+    # unless the numbers lie far beyond the ranks that wrote (a stray or hostile number).
+    size = max(job.world_size or 0, max(job.ranks, default=-1) + 1)
+    if size > 4 * len(job.ranks) + MAX_SILENT:
+        job.notes.append(f"the logs name {size:,} ranks but only {len(job.ranks):,} wrote lines: ranks that "
+                         "wrote nothing are not counted")
+        size = 0
+    expected = sorted(set(range(size)) | set(job.ranks))
     states: dict[int, RankState] = {}
     for rank in expected:
         facts = job.ranks.get(rank)
