@@ -445,8 +445,17 @@ def calibrate(
 
 @app.command()
 def build() -> None:
-    """Build the knowledge base from the bundled incident reports if it is empty."""
+    """Build the knowledge base from the bundled incident reports if it is empty.
+
+    Also gets what the first suggestion needs ready: the fitted text classifiers and the ONNX export
+    of the embedding model, so a new process answers without torch or scikit-learn."""
+    from kb.engine.suggest import SuggestionEngine
+
     knowledge = open_kb()
+    SuggestionEngine(knowledge).snapshot()  # fits and caches the text classifiers when they are stale
+    prepare = getattr(knowledge.embedder, "prepare_fast_queries", None)
+    if prepare is not None and not prepare():
+        typer.echo("note: queries are embedded with torch (no ONNX export of the model could be made)", err=True)
     typer.echo(f"knowledge base ready: {knowledge.store.count()} incidents in {knowledge.store.location}")
 
 

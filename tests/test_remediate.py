@@ -307,6 +307,15 @@ def slurm(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.slurm
+def transcript(step: str, done: subprocess.CompletedProcess | None, slurm) -> None:
+    """What a step printed and the cluster's state after it (shown with ``pytest -s``)."""
+    print(f"\n### {step}")
+    if done is not None:
+        print(done.stdout.rstrip())
+    print("$ sinfo -N -o '%N %t %E'\n" + slurm.run("sinfo", "-N", "-h", "-o", "%N %t %E").rstrip())
+    print("$ squeue -o '%i %T %N'\n" + slurm.run("squeue", "-h", "-o", "%i %T %N").rstrip())
+
+
 def test_pmkb_remediate_drains_the_node_and_the_requeued_job_runs_elsewhere(slurm, _built_kb_dir, tmp_path):
     import shutil
 
@@ -324,6 +333,7 @@ def test_pmkb_remediate_drains_the_node_and_the_requeued_job_runs_elsewhere(slur
     remediate = [sys.executable, "-m", "pmkb", "remediate", "--scheduler", "slurm", "--id", "OPS-7", ticket]
 
     dry = subprocess.run(remediate, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    transcript("pmkb remediate (dry run)", dry, slurm)
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert f"$ scontrol update NodeName={first} State=DRAIN" in dry.stdout and "nothing was changed" in dry.stdout
     assert f"$ scontrol requeue {job}" in dry.stdout
@@ -331,11 +341,13 @@ def test_pmkb_remediate_drains_the_node_and_the_requeued_job_runs_elsewhere(slur
 
     applied = subprocess.run([*remediate, "--apply", "--policy", str(policy)], env=env, cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
+    transcript("pmkb remediate --apply --policy policy.yaml", applied, slurm)
     assert applied.returncode == 0, applied.stdout + applied.stderr[-2000:] + slurm.log()
     assert "policy: --apply would act" in applied.stdout
     fields = slurm.run("scontrol", "show", "node", "-o", first)
     assert "DRAIN" in fields and "Reason=pmkb OPS-7: gpu_lost" in fields
     slurm.wait(lambda: slurm.job(job) == ("RUNNING", other), 90, f"job {job} to run on {other}")
+    transcript("after the requeue", None, slurm)
 
     again = subprocess.run([*remediate, "--apply", "--policy", str(policy)], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
@@ -343,6 +355,7 @@ def test_pmkb_remediate_drains_the_node_and_the_requeued_job_runs_elsewhere(slur
 
     undone = subprocess.run([sys.executable, "-m", "pmkb", "remediate", "--scheduler", "slurm", "--undo", "OPS-7"],
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    transcript("pmkb remediate --undo OPS-7", undone, slurm)
     assert undone.returncode == 0, undone.stderr
     slurm.wait(lambda: "DRAIN" not in slurm.run("scontrol", "show", "node", "-o", first), 30, "the node resumed")
     audit = [json.loads(line) for line in (home / "remediation_audit.jsonl").read_text().splitlines()]

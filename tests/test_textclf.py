@@ -53,13 +53,33 @@ def test_a_cached_classifier_predicts_exactly_as_the_fitted_one(trained, tmp_pat
     loaded = load_classifiers(path, "digest")
     assert loaded is not None and set(loaded) == set(fitted) == {"root_cause", "symptom", "scope", "change"}
     incidents, vectors = trained.calibrator.training_set(trained.snapshot().incidents)
-    texts = [TICKET.text()] + [i.text() for i in incidents[:10]]
-    vectors = np.vstack([trained.kb.embedder.embed_query(TICKET.text()), vectors[:10]])
+    odd = ["", "a", "  spaced \t\n  out  ", "Ünïcödé ＧＰＵ 障害 Xid 79", "x" * 5000, "OOM_kill oom-kill 4242"]
+    texts = [TICKET.text()] + [i.text() for i in incidents[:10]] + odd
+    vectors = np.vstack([trained.kb.embedder.embed_queries([TICKET.text(), *odd]), vectors[:10]])
+    texts = [texts[0], *odd, *texts[1:11]]
     for field, clf in fitted.items():
         assert clf._model is not None
-        assert np.array_equal(loaded[field].log_proba(texts, vectors), clf.log_proba(texts, vectors))
+        # the stored model answers in numpy (no scikit-learn) with scikit-learn's numbers
+        assert np.allclose(loaded[field].log_proba(texts, vectors), clf.log_proba(texts, vectors), atol=1e-9)
         assert loaded[field].labels == clf.labels
+    save_classifiers(tmp_path / "again.npz", "digest", loaded)  # a loaded classifier saves as it was read
+    again = load_classifiers(tmp_path / "again.npz", "digest")
+    assert all(np.array_equal(again[f].log_proba(texts, vectors), loaded[f].log_proba(texts, vectors))
+               for f in fitted)
     assert load_classifiers(path, "another digest") is None  # trained on other data: refit
+
+
+def test_a_two_class_classifier_is_stored_and_answers_as_fitted(embedder, tmp_path):
+    texts = ["GPU fell off the bus Xid 79", "ModuleNotFoundError no module named apex",
+             "ECC error on GPU 3", "ImportError in my container image"] * 3
+    truths = ["hardware", "user"] * 6
+    vectors = embedder.embed_documents(texts)
+    fitted = TextClassifier(["hardware", "user", "platform"]).fit(texts, vectors, truths)
+    save_classifiers(tmp_path / CACHE_FILE, "d", {"dimension": fitted})
+    loaded = load_classifiers(tmp_path / CACHE_FILE, "d")["dimension"]
+    probe = ["Xid 79 again on node 7", "no module named torch"]
+    probe_vectors = embedder.embed_queries(probe)
+    assert np.allclose(loaded.log_proba(probe, probe_vectors), fitted.log_proba(probe, probe_vectors), atol=1e-9)
 
 
 def test_an_untrained_classifier_round_trips(tmp_path):

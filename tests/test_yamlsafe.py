@@ -60,3 +60,14 @@ def test_a_postmortem_front_matter_of_aliases_is_a_bad_record(tmp_path):
 
     with pytest.raises(ValueError, match="aliases"):
         split_front_matter("---\n" + LAUGHS + "---\n# GPU lost\n")
+
+
+def test_the_c_reader_and_the_python_reader_agree_and_both_refuse_aliases(monkeypatch):
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml: only the Python reader exists")
+    texts = {path.name: path.read_text(encoding="utf-8") for path in DATA_DIR.glob("*.yaml")}
+    with_c = {name: load_yaml(text) for name, text in texts.items()}
+    monkeypatch.setattr(yaml, "__with_libyaml__", False)
+    assert {name: load_yaml(text) for name, text in texts.items()} == with_c
+    with pytest.raises(yaml.YAMLError, match="aliases"):
+        load_yaml(LAUGHS)

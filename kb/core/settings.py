@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     model_cache: Path = DEFAULT_MODEL_CACHE
     # Device for the embedding model: "auto", "cpu" or "cuda".
     embedding_device: str = "auto"
+    # Embed queries on ONNX Runtime from the model's export (kb/engine/onnx_query.py; the same vectors,
+    # without torch in the process) when the export exists; false: always the model on torch.
+    onnx_queries: bool = True
     # Chroma server URL (http://host:port); unset means an embedded PersistentClient.
     chroma_url: str | None = None
     # With a Chroma server, other processes may add or change incidents: a running process looks

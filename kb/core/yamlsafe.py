@@ -26,7 +26,17 @@ class NoAliasLoader(yaml.SafeLoader):
 
 
 def load_yaml(text: str):
-    """The YAML value of ``text``; raises yaml.YAMLError for aliases, oversized text or bad YAML."""
+    """The YAML value of ``text``; raises yaml.YAMLError for aliases, oversized text or bad YAML.
+
+    With libyaml (PyYAML's wheels carry it) the text is read in C: its events are scanned for an
+    alias first, then it is loaded by the C safe loader, several times faster than the pure-Python
+    one on the bundled files. Without libyaml, ``NoAliasLoader`` does both in Python."""
     if len(text) > MAX_YAML_BYTES:
         raise yaml.YAMLError(f"{len(text):,} characters of YAML: more than the {MAX_YAML_BYTES:,} accepted")
-    return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    if not yaml.__with_libyaml__:
+        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not allowed: write the value out", event.start_mark)
+    return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506 - libyaml's safe loader

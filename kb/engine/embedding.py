@@ -50,7 +50,8 @@ class SentenceTransformerEmbedder:
     """sentence-transformers model loaded from a local directory, offline."""
 
     def __init__(self, model: str, device: str = "auto", batch_size: int = 64,
-                 query_prefix: str = "", document_prefix: str = "", cache: Path = DEFAULT_MODEL_CACHE):
+                 query_prefix: str = "", document_prefix: str = "", cache: Path = DEFAULT_MODEL_CACHE,
+                 onnx_queries: bool = True):
         self.model_id = f"sentence-transformers:{model}"
         self._spec = model
         self._cache = cache
@@ -59,10 +60,41 @@ class SentenceTransformerEmbedder:
         self._query_prefix = query_prefix
         self._document_prefix = document_prefix
         self._model = None
+        self._onnx = None  # the query encoder on ONNX Runtime, when an export of the model exists
+        self._onnx_queries = onnx_queries  # off: no export is looked for or made
+        self._onnx_checked = False
+
+    @property
+    def model_dir(self) -> Path:
+        """The model's local directory."""
+        return resolve_model_path(self._spec, self._cache)
+
+    def _query_encoder(self):
+        """The ONNX query encoder while torch is not loaded (kb/engine/onnx_query.py), else None."""
+        if self._model is not None or self._device not in ("auto", "cpu") or not self._onnx_queries:
+            return None
+        if not self._onnx_checked:
+            from kb.engine import onnx_query
+
+            self._onnx_checked = True
+            self._onnx = onnx_query.load(self.model_dir, self._cache)
+        return self._onnx
+
+    def prepare_fast_queries(self) -> bool:
+        """Make the model's ONNX query export if there is none (loading the model with torch once);
+        whether one exists now."""
+        from kb.engine import onnx_query
+
+        if not self._onnx_queries:
+            return False
+        if (onnx_query.export_dir(self.model_dir, self._cache) / "manifest.json").exists():
+            return True
+        return onnx_query.export(self.model, self.model_dir, self._cache) is not None
 
     @property
     def model(self):
-        """The loaded SentenceTransformer (loaded on first use)."""
+        """The loaded SentenceTransformer (loaded on first use; its ONNX query export is made then,
+        once per model, so later processes embed queries without torch)."""
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -76,7 +108,11 @@ class SentenceTransformerEmbedder:
                 import torch
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            self._model = SentenceTransformer(str(resolve_model_path(self._spec, self._cache)), device=device)
+            self._model = SentenceTransformer(str(self.model_dir), device=device)
+            from kb.engine import onnx_query
+
+            if self._onnx_queries:
+                onnx_query.export(self._model, self.model_dir, self._cache)
         return self._model
 
     def _encode(self, texts: list[str]) -> np.ndarray:
@@ -89,6 +125,8 @@ class SentenceTransformerEmbedder:
     @property
     def dimension(self) -> int:
         """Vector size of the model."""
+        if self._query_encoder() is not None:
+            return self._query_encoder().dimension
         model = self.model
         size = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(size())
@@ -98,11 +136,17 @@ class SentenceTransformerEmbedder:
         return self._encode([self._document_prefix + t for t in texts])
 
     def embed_query(self, text: str) -> np.ndarray:
-        """Embed one query (with the model's query prefix, if any)."""
-        return self._encode([self._query_prefix + text])[0]
+        """Embed one query (with the model's query prefix, if any): on ONNX Runtime when torch is not
+        loaded and the model's export exists, else with the model itself."""
+        return self.embed_queries([text])[0]
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         """Embed many queries in batches (with the model's query prefix, if any)."""
+        encoder = self._query_encoder()
+        if encoder is not None and texts:
+            prefixed = [self._query_prefix + t for t in texts]
+            return np.concatenate([encoder.encode(prefixed[i:i + self._batch_size])
+                                   for i in range(0, len(prefixed), self._batch_size)])
         return self._encode([self._query_prefix + t for t in texts])
 
 
@@ -151,4 +195,5 @@ def make_embedder(settings: Settings) -> Embedder:
     except KeyError:
         raise ValueError(f"Embedder {settings.embedder!r} is not supported. "
                          f"Available: {', '.join(EMBEDDERS)}") from None
-    return cls(settings.embedding_model, device=settings.embedding_device, cache=settings.model_cache)
+    return cls(settings.embedding_model, device=settings.embedding_device, cache=settings.model_cache,
+               onnx_queries=settings.onnx_queries)

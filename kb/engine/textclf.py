@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -45,6 +46,63 @@ def _new_vectorizers(vocabularies: list[list[str]] | None = None) -> list:
                             max_features=MAX_CHAR_FEATURES, vocabulary=as_mapping(char))]
 
 
+class _StoredModel:
+    """A stored classifier's inference without scikit-learn: the TF-IDF transform of the word and
+    character vectorizers (fixed vocabularies and idf, sublinear tf, each part l2-normalised, as
+    ``TfidfVectorizer`` does) and the logistic model's probabilities, in numpy. A new process that
+    answers one ticket then never imports scikit-learn (seconds on a small machine);
+    ``tests/test_textclf.py`` checks it gives scikit-learn's probabilities."""
+
+    _white_spaces = re.compile(r"\s\s+")
+    _tokens = re.compile(TOKEN_PATTERN)
+
+    def __init__(self, vocabularies: list[list[str]], idfs: list[np.ndarray], coef: np.ndarray,
+                 intercept: np.ndarray):
+        self.index = [{t: i for i, t in enumerate(terms)} for terms in vocabularies]
+        self.offsets = [0, len(vocabularies[0])]
+        self.idfs, self.coef, self.intercept = idfs, coef, intercept
+        self.dense = sum(map(len, vocabularies))
+
+    @classmethod
+    def _char_wb(cls, text: str) -> list[str]:
+        grams = []
+        for word in cls._white_spaces.sub(" ", text).split():
+            word = f" {word} "
+            for n in range(3, 6):
+                grams += [word[i:i + n] for i in range(max(len(word) - n, 0) + 1)]
+                if len(word) <= n:
+                    break
+        return grams
+
+    def _part(self, terms: list[str], part: int) -> tuple[np.ndarray, np.ndarray]:
+        counts: dict[int, int] = {}
+        index = self.index[part]
+        for term in terms:
+            column = index.get(term)
+            if column is not None:
+                counts[column] = counts.get(column, 0) + 1
+        columns = np.fromiter(counts, dtype=np.int64, count=len(counts))
+        values = (np.log(np.fromiter(counts.values(), dtype=np.float64, count=len(counts))) + 1.0)
+        values = values * self.idfs[part][columns]
+        norm = np.sqrt(np.dot(values, values))
+        return columns + self.offsets[part], (values / norm if norm else values)
+
+    def predict_proba(self, texts: list[str], vectors: np.ndarray) -> np.ndarray:
+        vectors = np.asarray(vectors, dtype=np.float64)
+        scores = vectors @ self.coef[:, self.dense:].T + self.intercept
+        for row, text in enumerate(texts):
+            lowered = text.lower()
+            for part, terms in enumerate((self._tokens.findall(lowered), self._char_wb(lowered))):
+                columns, values = self._part(terms, part)
+                scores[row] += self.coef[:, columns] @ values
+        if self.coef.shape[0] == 1:  # two classes: one row of coefficients, the logistic function
+            positive = 1.0 / (1.0 + np.exp(-scores[:, 0]))
+            return np.column_stack([1.0 - positive, positive])
+        scores -= scores.max(axis=1, keepdims=True)
+        exp = np.exp(scores)
+        return exp / exp.sum(axis=1, keepdims=True)
+
+
 class TextClassifier:
     """Predicts a label distribution for a ticket from its words and its embedding."""
 
@@ -54,6 +112,7 @@ class TextClassifier:
         self._vectorizers = []
         self._model = None
         self._classes: list[int] = []
+        self._state: tuple[dict, dict[str, np.ndarray]] | None = None  # what from_state was given
 
     def _matrix(self, texts: list[str], vectors: np.ndarray, fit: bool = False):
         from scipy.sparse import csr_matrix, hstack
@@ -101,13 +160,16 @@ class TextClassifier:
         out = np.full((len(texts), len(self.labels)), np.log(1.0 / len(self.labels)))
         if self._model is None or not texts:
             return out
-        probs = self._model.predict_proba(self._matrix(texts, vectors))
+        probs = (self._model.predict_proba(texts, vectors) if isinstance(self._model, _StoredModel)
+                 else self._model.predict_proba(self._matrix(texts, vectors)))
         full = np.full((len(texts), len(self.labels)), 1e-3)
         full[:, self._classes] = probs + 1e-3
         return np.log(full / full.sum(axis=1, keepdims=True))
 
     def to_state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """The fitted classifier as plain data: a JSON-safe header and numeric arrays."""
+        if isinstance(self._model, _StoredModel):
+            return self._state
         header = {"labels": list(self.labels), "strength": self.strength, "trained": self._model is not None}
         if self._model is None:
             return header, {}
@@ -119,9 +181,8 @@ class TextClassifier:
 
     @classmethod
     def from_state(cls, header: dict, arrays: dict[str, np.ndarray]) -> "TextClassifier":
-        """A classifier rebuilt from ``to_state``'s output; raises ValueError when it does not fit together."""
-        from sklearn.linear_model import LogisticRegression
-
+        """A classifier rebuilt from ``to_state``'s output, for inference (``_StoredModel``); raises
+        ValueError when it does not fit together."""
         labels = header["labels"]
         if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
             raise ValueError("labels are not a list of names")
@@ -132,9 +193,7 @@ class TextClassifier:
         if not (isinstance(vocabularies, list) and len(vocabularies) == 2
                 and all(isinstance(t, str) for terms in vocabularies for t in terms)):
             raise ValueError("vocabularies are not two lists of terms")
-        clf._vectorizers = _new_vectorizers(vocabularies)
-        for n, vectorizer in enumerate(clf._vectorizers):
-            vectorizer.idf_ = _numeric(arrays, f"idf{n}", (len(vocabularies[n]),))  # checks the vocabulary too
+        idfs = [_numeric(arrays, f"idf{n}", (len(vocabularies[n]),)) for n in range(2)]  # checks the vocabulary too
         coef, intercept = _numeric(arrays, "coef"), _numeric(arrays, "intercept")
         classes = _numeric(arrays, "classes")
         if classes.ndim != 1 or len(classes) < 2 or len(set(classes.tolist())) != len(classes) \
@@ -144,10 +203,10 @@ class TextClassifier:
         if coef.ndim != 2 or coef.shape[0] != rows or coef.shape[1] <= sum(map(len, vocabularies)) \
                 or intercept.shape != (rows,):
             raise ValueError(f"coefficients of shape {coef.shape} do not fit the vocabularies and classes")
-        model = LogisticRegression(C=clf.strength, max_iter=200, tol=1e-3)
-        model.classes_, model.coef_, model.intercept_ = classes, coef, intercept
-        model.n_features_in_ = coef.shape[1]
-        clf._model, clf._classes = model, classes.tolist()
+        clf._model = _StoredModel(vocabularies, [np.asarray(i, dtype=np.float64) for i in idfs],
+                                  np.asarray(coef, dtype=np.float64), np.asarray(intercept, dtype=np.float64))
+        clf._classes = classes.tolist()
+        clf._state = (header, arrays)
         return clf
 
 
