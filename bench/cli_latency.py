@@ -7,7 +7,9 @@ chromadb in the same run.
 Two query paths are timed: the ONNX export of the embedding model (what ``pmkb build`` prepares;
 no torch, no scikit-learn in the process) and, as the baseline, the model on torch
 (``PMKB_ONNX_QUERIES=false``). ``--kb`` names a built knowledge base (default: ``PMKB_HOME``, else a
-copy of the bundled one is built first, which takes minutes). Wall time, median of ``--rounds``.
+copy of the bundled one is built first, which takes minutes). Last, a ``pmkb serve`` is started on
+the knowledge base and ``pmkb suggest`` asks it (pmkb/local_service.py). Wall time, median of
+``--rounds``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,36 @@ def wall(command: list[str], env: dict, rounds: int) -> float:
     return statistics.median(times)
 
 
+def asking_a_service(command: list[str], env: dict, rounds: int) -> float:
+    """The command's time while a ``pmkb serve`` on the same knowledge base runs (it asks the service)."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = env | {"PMKB_API_TOKEN": "bench-token"}
+    service = subprocess.Popen([sys.executable, "-m", "pmkb", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("pmkb serve did not become ready")
+            time.sleep(0.5)
+        wall(command, env, 1)  # the service's first answer warms it
+        return wall(command, env, rounds)
+    finally:
+        service.terminate()
+        service.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kb", type=Path, default=os.environ.get("PMKB_HOME"))
@@ -60,6 +92,9 @@ def main() -> None:
     for name, command, run_env in rows:
         results.append((name, wall(command, run_env, args.rounds)))
         print(f"  {name}: {results[-1][1]:.2f} s", file=sys.stderr, flush=True)
+    results.append(("pmkb suggest (asking a running pmkb serve)", asking_a_service(pmkb + ["suggest", TICKET], env,
+                                                                            args.rounds)))
+    print(f"  {results[-1][0]}: {results[-1][1]:.2f} s", file=sys.stderr, flush=True)
     floor = results[0][1]
     print(f"| command (new process, median of {args.rounds}) | wall s | vs python -c pass |")
     print("|---|---|---|")

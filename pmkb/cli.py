@@ -317,22 +317,35 @@ def suggest(
     logs: Optional[list[Path]] = typer.Option(None, "--logs", help="The failed job's logs (files per rank, a "
                                               "directory or a tarball; repeat the option): a collective "
                                               "timeout in them is traced to its ranks and node."),
+    local: bool = typer.Option(False, "--local", help="Answer in this process even when a pmkb serve on "
+                                                     "this knowledge base is running (by default it is asked)."),
 ) -> None:
     """Suggest symptom, root cause, mitigation and similar incidents for one ticket."""
     from kb.core.rank_logs import RankLogError, read_sources, sources_as_text
     from kb.core.suggestion import EmptyTicket, Ticket
-    from kb.llm.suggester import make_suggester
 
     text = read_ticket_text(text, file, title)
     try:
         log = sources_as_text(read_sources(logs)) if logs else ""
     except RankLogError as exc:
         fail(str(exc))
-    suggester = make_suggester(open_engine(llm=check_llm(llm)))
-    try:
-        result = suggester.suggest(Ticket(title=title, description=text, log=log))
-    except EmptyTicket as exc:
-        fail(str(exc))
+    ticket = Ticket(title=title, description=text, log=log)
+    result = None
+    if not local and llm is None:
+        from pmkb.local_service import ServiceRefused, ask
+
+        try:
+            result = ask(settings(), ticket)
+        except ServiceRefused as exc:
+            echo_err(f"note: {exc}; answering here")
+    if result is None:
+        from kb.llm.suggester import make_suggester
+
+        suggester = make_suggester(open_engine(llm=check_llm(llm)))
+        try:
+            result = suggester.suggest(ticket)
+        except EmptyTicket as exc:
+            fail(str(exc))
     typer.echo(result.model_dump_json(indent=2) if json_out else render_card(result))
 
 

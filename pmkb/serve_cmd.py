@@ -20,6 +20,7 @@ def serve(
     """Serve webhooks (POST /webhooks/github, /webhooks/jira) and POST /v1/annotate."""
     from kb.engine import store_lock
     from pmkb.cli import echo_err, fail, settings
+    from pmkb.local_service import announce, withdraw
     from pmkb.server import QUEUE_FILE, startup_problems
     from pmkb.server import serve as run_server
 
@@ -39,9 +40,11 @@ def serve(
             fail(str(exc))
     echo_err(f"pmkb serve on http://{host}:{port} (queue {cfg.home / QUEUE_FILE}"
              + (f", dry run to {cfg.writeback_outbox})" if cfg.writeback_outbox else ")"))
+    announce(cfg, host, port)  # so `pmkb suggest` asks this service instead of loading everything again
     try:
         run_server(cfg, host, port, insecure_dev)
     finally:
+        withdraw(cfg)
         if lock is not None:
             store_lock.release(lock)
 

@@ -158,7 +158,11 @@ class Service:
                                  "dry_run": str(self.settings.writeback_outbox or "")})
 
     def stop(self) -> None:
-        """Stop the worker after the event in hand; the queue's write-ahead log is folded in."""
+        """Stop the worker after the event in hand; the queue's write-ahead log is folded in, and the
+        service's announcement to the command line (pmkb/local_service.py) is withdrawn."""
+        from pmkb.local_service import withdraw
+
+        withdraw(self.settings)  # here, not after the listener returns: uvicorn re-raises SIGTERM
         self.worker.stop()
         if self._http is not None:
             self._http.close()
