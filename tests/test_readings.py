@@ -122,3 +122,20 @@ def test_the_engine_reads_scope_and_change_and_quotes_the_ticket(shared_bundled_
     for r in readings.values():
         assert r.span and r.span in ticket.text() and 0 < r.confidence <= 1
     assert json.loads(suggestion.model_dump_json())["readings"][0]["kind"] == "scope"
+
+
+def test_scope_and_change_are_read_from_the_reporters_words_never_from_the_log(shared_bundled_kb):
+    from kb.engine.suggest import SuggestionEngine
+
+    engine = SuggestionEngine(shared_bundled_kb)
+    words = Ticket(title="Nobody can submit jobs since the scheduler upgrade this morning",
+                   description="Since the Slurm upgrade at 08:00 every user on the cluster gets "
+                               "'sbatch: error: Batch job submission failed: Socket timed out'.")
+    log = ("gpu-n01:982:982 [2] NCCL INFO NCCL_SOCKET_IFNAME set by environment to bond0\n"
+           "I changed my training script and my config yesterday, only my job fails.\n" * 20)
+    with_log = engine.suggest(words.model_copy(update={"log": log}))
+    alone = engine.suggest(words)
+    prose = f"{words.title}\n{words.description}"
+    for r in with_log.readings:
+        assert r.span and r.span in prose, r  # never a line of the log, however it reads
+    assert [(r.id, r.span) for r in with_log.readings] == [(r.id, r.span) for r in alone.readings]

@@ -71,6 +71,17 @@ class PreparedTicket:
     ticket: Ticket
     text: str  # redacted ticket text; evidence is found on all of it
     query: str  # the text embedded and searched (trimmed in the middle when long)
+    # The reporter's own words (redacted title and description) when the ticket also carries a log:
+    # scope and change are what people say, so they are read from these, never from machine output.
+    prose: str | None = None
+
+
+def _cleaned(raw: str) -> str:
+    """Redacted text without the sentences that give orders (untrusted instructions never count as
+    evidence), or the redacted text when nothing else is left."""
+    text = redact(raw)
+    cleaned, _ = strip_instruction_lines(text)
+    return cleaned if cleaned.strip() else text
 
 
 def _cosine_map(query: np.ndarray, vectors: dict[str, np.ndarray], prefix: str) -> dict[str, float]:
@@ -214,10 +225,10 @@ class SuggestionEngine:
         raw = ticket.text()
         if not raw.strip():
             raise EmptyTicket(f"ticket {ticket.id!r} has no title, description or log text")
-        text = redact(raw)
-        cleaned, _ = strip_instruction_lines(text)  # untrusted instructions never count as evidence
-        text = cleaned if cleaned.strip() else text
-        return PreparedTicket(ticket, text, trim_middle(text, MAX_TICKET_CHARS))
+        text, prose = _cleaned(raw), None
+        if ticket.log.strip() and (words := "\n".join(p for p in (ticket.title, ticket.description) if p.strip())):
+            prose = trim_middle(_cleaned(words), MAX_TICKET_CHARS)
+        return PreparedTicket(ticket, text, trim_middle(text, MAX_TICKET_CHARS), prose)
 
     def suggest(self, ticket: Ticket | Incident, exclude: set[str] | None = None) -> Suggestion:
         """The full suggestion for one ticket."""
@@ -278,13 +289,17 @@ class SuggestionEngine:
         prepared ticket; a close call the ticket's own readings answer has already moved the ranking."""
         if text_log_proba is None:
             text_log_proba = self._text_log_proba(snapshot, prepared.query, vector)
+        reader = self.reader(snapshot)
+        if prepared.prose is not None and reader is not None:  # readings from the reporter's words only
+            text_log_proba = {**text_log_proba, **{kind: clf.log_proba([prepared.prose], vector[None, :])[0]
+                                                   for kind, clf in reader.classifiers.items()}}
         evidence = find_evidence(prepared.text, self.signatures)
         similar = self.retriever.retrieve_similar(prepared.query, k=self.settings.neighbours, query_vector=vector,
                                                   exclude=exclude, dense=dense)
         cause_f, symptom_f = self._features(snapshot, vector, similar, evidence, text_log_proba)
         causes = predict(cause_f, self.calibration.root_cause)
-        reader = self.reader(snapshot)
-        readings = reader.read(prepared.text, vector, text_log_proba) if reader is not None else []
+        readings = (reader.read(prepared.prose or prepared.text, vector, text_log_proba)
+                    if reader is not None else [])
         causes, answered = self._settle(snapshot, causes, readings, prepared.ticket.close_call_answer)
         return Ranked(evidence, similar, causes, predict(symptom_f, self.calibration.symptom), readings, answered)
 
