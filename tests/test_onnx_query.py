@@ -69,6 +69,7 @@ def test_an_export_that_differs_from_the_model_is_not_kept(embedder, tmp_path, m
 HEAVY = ("torch", "sentence_transformers", "transformers", "sklearn")
 
 
+@pytest.mark.slow
 def test_after_pmkb_build_a_new_suggest_process_imports_neither_torch_nor_scikit_learn(_built_kb_dir, tmp_path):
     home, cache = tmp_path / "kb", tmp_path / "models"
     shutil.copytree(_built_kb_dir, home)
