@@ -305,8 +305,6 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-@pytest.mark.slow
-@pytest.mark.slurm
 def transcript(step: str, done: subprocess.CompletedProcess | None, slurm) -> None:
     """What a step printed and the cluster's state after it (shown with ``pytest -s``)."""
     print(f"\n### {step}")
@@ -316,6 +314,8 @@ def transcript(step: str, done: subprocess.CompletedProcess | None, slurm) -> No
     print("$ squeue -o '%i %T %N'\n" + slurm.run("squeue", "-h", "-o", "%i %T %N").rstrip())
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_pmkb_remediate_drains_the_node_and_the_requeued_job_runs_elsewhere(slurm, _built_kb_dir, tmp_path):
     import shutil
 
