@@ -57,6 +57,17 @@ def test_a_damaged_export_costs_only_speed(embedder, cache, tmp_path, caplog):
     assert float(vector @ embedder.embed_query(TEXTS[0])) >= onnx_query.MIN_COSINE
 
 
+def test_an_export_others_could_have_written_is_not_used(embedder, cache, tmp_path, caplog):
+    shared = tmp_path / "cache"
+    shutil.copytree(cache, shared)
+    path = onnx_query.export_dir(embedder.model_dir, shared)
+    assert (path.stat().st_mode & 0o777) == 0o700
+    path.chmod(0o777)
+    with caplog.at_level(logging.WARNING):
+        assert onnx_query.load(embedder.model_dir, shared) is None
+    assert "not private to this user" in caplog.text
+
+
 def test_an_export_that_differs_from_the_model_is_not_kept(embedder, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(onnx_query, "MIN_COSINE", 1.5)  # no export can pass: as if it diverged
     with caplog.at_level(logging.WARNING):

@@ -7,6 +7,7 @@ fraction of that. The export is made once per model, beside the model cache, by 
 has torch loaded anyway (``pmkb build``, or the first query embedded with torch), and is used only
 if it passes a check: its vectors on probe texts equal the torch model's to a cosine of
 ``MIN_COSINE``. The vectors are the model's, so the store's record of its embedding model holds.
+The export's directory is private to the user (0700) and is not used when it is not.
 
 Supported: BERT-style encoders with mean pooling and normalised output (the bundled MiniLM, and
 mpnet); any other layout keeps the torch path.
@@ -95,6 +96,11 @@ def load(model_dir: Path, cache: Path) -> OnnxQueryEncoder | None:
     """The checked export of the model, or None when there is none (or onnxruntime is missing)."""
     path = export_dir(model_dir, cache)
     if not (path / "manifest.json").exists():
+        return None
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:  # made private (0700); anything else was not
+        log.warning("the ONNX query encoder at %s is not private to this user (mode %o): not used; remove it "
+                    "and run `pmkb build` to make it again", path, info.st_mode & 0o777)
         return None
     try:
         return OnnxQueryEncoder(path)
