@@ -6,6 +6,7 @@ sentence-transformers backend imports torch lazily, when first used.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -64,9 +65,9 @@ class SentenceTransformerEmbedder:
         self._onnx_queries = onnx_queries  # off: no export is looked for or made
         self._onnx_checked = False
 
-    @property
+    @functools.cached_property
     def model_dir(self) -> Path:
-        """The model's local directory."""
+        """The model's local directory, resolved once (a model in pieces is verified when resolved)."""
         return resolve_model_path(self._spec, self._cache)
 
     def _query_encoder(self):

@@ -38,7 +38,8 @@ PROBES = ["GPU fell off the bus (Xid 79) on node gpu-a17 during step 4411",
 
 
 def export_dir(model_dir: Path, cache: Path) -> Path:
-    """Where the ONNX export of the model in ``model_dir`` lives: keyed by its weights' digest."""
+    """Where the ONNX export of the model in ``model_dir`` lives: keyed by its weights file (path,
+    size and modification time, so a changed model gets a new export without rehashing it)."""
     weights = next((model_dir / n for n in ("model.safetensors", "pytorch_model.bin") if (model_dir / n).exists()),
                    None)
     digest = hashlib.sha256()

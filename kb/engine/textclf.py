@@ -35,15 +35,13 @@ LEGACY_CACHE_FILES = ("text_classifiers.pkl",)
 CACHE_FORMAT = 1
 
 
-def _new_vectorizers(vocabularies: list[list[str]] | None = None) -> list:
-    """The word and character TF-IDF vectorizers, unfitted or with fixed vocabularies."""
+def _new_vectorizers() -> list:
+    """The word and character TF-IDF vectorizers, unfitted."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    word, char = vocabularies or (None, None)
-    as_mapping = (lambda terms: None if terms is None else {t: i for i, t in enumerate(terms)})
-    return [TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN, vocabulary=as_mapping(word)),
+    return [TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN),
             TfidfVectorizer(sublinear_tf=True, analyzer="char_wb", ngram_range=(3, 5), min_df=2,
-                            max_features=MAX_CHAR_FEATURES, vocabulary=as_mapping(char))]
+                            max_features=MAX_CHAR_FEATURES)]
 
 
 class _StoredModel:

@@ -20,6 +20,7 @@ becomes a note, and the ticket is annotated from what was read.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -120,8 +121,8 @@ def _gist_files(settings: Settings, text: str, client: httpx.Client, found: Atta
         if len(files) >= MAX_FILES:
             break
         try:
-            meta = httpx.Response(200, content=_download(client, f"{api}/gists/{gist}", settings, headers,
-                                                         allowed=_hosts(settings, api))).json()
+            meta = json.loads(_download(client, f"{api}/gists/{gist}", settings, headers,
+                                        allowed=_hosts(settings, api)))
         except (httpx.HTTPError, ValueError, _TooLarge) as exc:
             found.notes.append(f"gist {gist}: not read ({exc.__class__.__name__}: {exc})")
             continue
