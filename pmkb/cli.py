@@ -49,14 +49,18 @@ def echo_err(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def open_kb(build: bool = True, **overrides):
-    """Open the knowledge base; build it from the bundled data when empty."""
+def open_kb(build: bool = True, read_only: bool = False, **overrides):
+    """Open the knowledge base; build it from the bundled data when empty.
+
+    ``read_only``: for a command that only reads, which then reads the embedded store's current copy
+    when there is one (no chromadb, no lock), and else leaves one for the next such command.
+    """
     from kb.core.taxonomy import TaxonomyError
     from kb.engine.knowledge import KnowledgeBase
     from kb.engine.store import StoreModelMismatch
     from kb.engine.store_lock import StoreLocked
 
-    knowledge = KnowledgeBase(settings(**overrides))
+    knowledge = KnowledgeBase(settings(**overrides), read_only=read_only)
     try:
         knowledge.taxonomy
         if build:
@@ -65,6 +69,8 @@ def open_kb(build: bool = True, **overrides):
             knowledge.store
     except (TaxonomyError, StoreModelMismatch, StoreLocked, ValueError) as exc:
         fail(str(exc))
+    if read_only:
+        knowledge.save_replica()
     return knowledge
 
 
@@ -106,6 +112,7 @@ def ingest(
     with tqdm(total=len(incidents), unit="incident", desc="ingest", file=sys.stderr,
               disable=len(incidents) < 200) as bar:
         report = knowledge.add_incidents(incidents, progress=bar.update)
+    knowledge.save_replica()
     read = len(incidents) + len(errors)
     errors = errors + report.errors
     summary = {"read": read, "added": report.added,
@@ -135,7 +142,7 @@ def search(
     from kb.engine.knowledge import dump_json
     from kb.engine.search import Retriever
 
-    knowledge = open_kb()
+    knowledge = open_kb(read_only=True)
     where = {k_: v for k_, v in (("root_cause", root_cause), ("symptom", symptom)) if v}
     hits = Retriever(knowledge).retrieve_similar(query, k=k, where=where or None)
     if json_out:
@@ -159,7 +166,7 @@ def node(
     from kb.engine.history import node_history, node_index
     from kb.engine.knowledge import dump_json
 
-    history = node_history(node_index(open_kb(build=False).store.incidents()), name, shown=limit)
+    history = node_history(node_index(open_kb(build=False, read_only=True).store.incidents()), name, shown=limit)
     if json_out:
         typer.echo(dump_json(history.model_dump(mode="json") if history else None))
         return
@@ -208,7 +215,7 @@ def stats(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     """Counts of stored incidents by symptom, root cause, dimension and provenance."""
     from kb.engine.knowledge import dump_json
 
-    data = open_kb().stats()
+    data = open_kb(read_only=True).stats()
     if json_out:
         typer.echo(dump_json(data))
         return
@@ -219,11 +226,11 @@ def stats(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             typer.echo(f"  {label:32} {count:5}")
 
 
-def open_engine(**overrides):
-    """The suggestion engine over the (built) knowledge base."""
+def open_engine(read_only: bool = False, **overrides):
+    """The suggestion engine over the (built) knowledge base (``read_only``: see ``open_kb``)."""
     from kb.engine.suggest import SuggestionEngine
 
-    engine = SuggestionEngine(open_kb(**overrides))
+    engine = SuggestionEngine(open_kb(read_only=read_only, **overrides))
     engine.load_calibration(on_fit=lambda: echo_err("fitting the classifier on the knowledge base (once) ..."))
     return engine
 
@@ -341,7 +348,7 @@ def suggest(
     if result is None:
         from kb.llm.suggester import make_suggester
 
-        suggester = make_suggester(open_engine(llm=check_llm(llm)))
+        suggester = make_suggester(open_engine(read_only=True, llm=check_llm(llm)))
         try:
             result = suggester.suggest(ticket)
         except EmptyTicket as exc:
@@ -466,6 +473,7 @@ def build() -> None:
 
     knowledge = open_kb()
     SuggestionEngine(knowledge).snapshot()  # fits and caches the text classifiers when they are stale
+    knowledge.save_replica()
     prepare = getattr(knowledge.embedder, "prepare_fast_queries", None)
     if prepare is not None and not prepare():
         typer.echo("note: queries are embedded with torch (no ONNX export of the model could be made)", err=True)

@@ -133,7 +133,8 @@ def _plan(text, file, title, ticket_id, scheduler, job, namespace, kind):
 
     text = read_ticket_text(text, file, title)
     try:
-        suggestion = make_suggester(open_engine()).suggest(Ticket(id=ticket_id, title=title, description=text))
+        suggester = make_suggester(open_engine(read_only=True))
+        suggestion = suggester.suggest(Ticket(id=ticket_id, title=title, description=text))
     except EmptyTicket as exc:
         fail(str(exc))
     plan = plan_for(suggestion, scheduler, f"{title}\n{text}", job=job, namespace=namespace, kind=kind)

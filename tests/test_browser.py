@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import make_settings
+from page_server import serve_page
 
 from kb.core.suggestion import Ticket
 from kb.engine.knowledge import KnowledgeBase
@@ -25,7 +20,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-START_TIMEOUT_S = 120
 PAGE_READY_S = 300  # the first page load opens the knowledge base and warms the engine up
 TICKET = {
     "title": "Megatron pretraining on gpu-h100-0417 crashed at step 48k",
@@ -36,48 +30,9 @@ TICKET = {
 }
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (loopback)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
 def serve_app(home: Path, log_path: Path):
-    """`streamlit run app.py` on a free loopback port with PMKB_HOME=home; yields its URL."""
-    port = free_port()
-    env = {**os.environ, "PMKB_HOME": str(home)}
-    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-               "--server.port", str(port), "--server.address", "127.0.0.1",
-               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError(f"streamlit exited with {server.returncode}:\n"
-                                       f"{log_path.read_text()[-3000:]}")
-                try:
-                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
-                        if answer.read().strip() == b"ok":
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"streamlit did not answer within {START_TIMEOUT_S}s:\n"
-                                       f"{log_path.read_text()[-3000:]}")
-                time.sleep(0.5)
-            yield url
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    """`streamlit run app.py` with PMKB_HOME=home (tests/page_server.py); yields its URL."""
+    return serve_page({**os.environ, "PMKB_HOME": str(home)}, log_path)
 
 
 def fill_ticket(page, ticket: dict) -> None:

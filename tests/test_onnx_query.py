@@ -77,11 +77,12 @@ def test_an_export_that_differs_from_the_model_is_not_kept(embedder, tmp_path, m
     assert [p.name for p in (tmp_path / "onnx").iterdir()] == []  # no work directory left behind
 
 
-HEAVY = ("torch", "sentence_transformers", "transformers", "sklearn")
+HEAVY = ("torch", "sentence_transformers", "transformers", "sklearn", "chromadb")
 
 
 @pytest.mark.slow
-def test_after_pmkb_build_a_new_suggest_process_imports_neither_torch_nor_scikit_learn(_built_kb_dir, tmp_path):
+def test_after_pmkb_build_a_new_suggest_process_imports_neither_torch_chromadb_nor_scikit_learn(_built_kb_dir, tmp_path,
+                                                                                               embedder):
     home, cache = tmp_path / "kb", tmp_path / "models"
     shutil.copytree(_built_kb_dir, home)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
@@ -90,11 +91,27 @@ def test_after_pmkb_build_a_new_suggest_process_imports_neither_torch_nor_scikit
                            text=True, timeout=600)
     assert built.returncode == 0 and "knowledge base ready" in built.stdout, built.stderr[-2000:]
     assert list((cache / "onnx").glob("*/manifest.json")) and (home / "text_classifiers.npz").exists()
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "pmkb", "suggest",
-                           "Xid 79: GPU has fallen off the bus on gpu-a17, job 4411 died"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "root cause: gpu_lost" in done.stdout
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    assert (home / "chroma" / "pmkb-replica.npz").exists()
+    for ticket in ("Xid 79: GPU has fallen off the bus on gpu-a17, job 4411 died", "my job died"):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "pmkb", "suggest", ticket],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "root cause: gpu_lost" in done.stdout or ticket == "my job died"
+        imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                    if line.startswith("import time:")}
+        assert not imported & set(HEAVY), (ticket, sorted(imported & set(HEAVY)))
+    # Another process holding the store (here: this one) does not stop a reader while the copy is current ...
+    from kb.core.incidents import Incident
+    from kb.engine.knowledge import KnowledgeBase
+
+    holder = KnowledgeBase(Settings(home=home), embedder=embedder)
+    assert holder.store.count() > 0
+    suggest = [sys.executable, "-m", "pmkb", "suggest", "Xid 79: GPU has fallen off the bus on gpu-a17"]
+    done = subprocess.run(suggest, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "root cause: gpu_lost" in done.stdout, done.stderr[-2000:]
+    # ... and once it writes, the copy is stale: the reader needs the store, and says who holds it.
+    holder.add_incidents([Incident(id="OPS-NEW", title="Xid 79 on gpu-b3", description="fell off the bus",
+                                   root_cause="gpu_lost")])
+    done = subprocess.run(suggest, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and f"process {os.getpid()}" in done.stderr, done.stderr[-2000:]
+    holder.store.close()

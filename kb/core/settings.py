@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     # Embed queries on ONNX Runtime from the model's export (kb/engine/onnx_query.py; the same vectors,
     # without torch in the process) when the export exists; false: always the model on torch.
     onnx_queries: bool = True
+    # Commands that only read (suggest, search, node, stats, remediate) read an embedded store from
+    # its copy beside it while the copy is current (kb/engine/replica.py: no chromadb, no lock);
+    # false: they always open the store, and leave no copy.
+    read_copy: bool = True
     # Chroma server URL (http://host:port); unset means an embedded PersistentClient.
     chroma_url: str | None = None
     # With a Chroma server, other processes may add or change incidents: a running process looks

@@ -7,7 +7,8 @@ keeps, and changing them would mix vectors of two models under one name."""
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+
+from kb.core.english_stop_words import ENGLISH_STOP_WORDS
 
 TOKEN_PATTERN = r"[a-z_][a-z0-9_]+|\d+"
 """A word (a letter or an underscore, then letters, digits or underscores) or a number, in lower-cased
@@ -24,14 +25,13 @@ something in a ticket (measured: retrieving with scikit-learn's longer English l
 neighbour-vote accuracy on labelled tickets from 0.512 to 0.496)."""
 
 
-@lru_cache(maxsize=1)
 def vague_words() -> frozenset[str]:
-    """``STOP_WORDS`` and every English word too common to tell a fault (scikit-learn's list:
-    "something", "please", "take"): what the too-little-text check does not count. Loaded on
-    first use (scikit-learn is a heavy import)."""
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+    """``STOP_WORDS`` and every English word too common to tell a fault ("something", "please",
+    "take"): what the too-little-text check does not count."""
+    return _VAGUE
 
-    return STOP_WORDS | ENGLISH_STOP_WORDS
+
+_VAGUE = STOP_WORDS | ENGLISH_STOP_WORDS
 
 IDEOGRAPHS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 """Kana, CJK ideographs and Hangul: scripts written without spaces between words."""

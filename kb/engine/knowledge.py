@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -15,7 +16,10 @@ from kb.core.roles import Embedder, Store
 from kb.core.settings import Settings
 from kb.core.taxonomy import Taxonomy, load_taxonomy
 from kb.engine.embedding import make_embedder
-from kb.engine.store import open_store
+from kb.engine.replica import open_replica, save_replica
+from kb.engine.store import ChromaStore, open_store
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 """Called with the number of records just processed."""
@@ -66,9 +70,12 @@ def check_labels(incident: Incident, taxonomy: Taxonomy) -> str | None:
 class KnowledgeBase:
     """Entry point of the core: opens the taxonomy, embedder and store named by the settings."""
 
-    def __init__(self, settings: Settings, embedder: Embedder | None = None):
+    def __init__(self, settings: Settings, embedder: Embedder | None = None, read_only: bool = False):
         self.settings = settings
         self._embedder = embedder
+        self.read_only = read_only
+        """Only reads: an embedded store is read from its current copy when there is one
+        (``kb.engine.replica``: no chromadb, no lock), and ``save_replica`` leaves one otherwise."""
         self.generation = 0
         """Counts this knowledge base's writes to the store, so readers reload even when an update
         kept the number of incidents the same (other writers show through ``Store.state``)."""
@@ -88,7 +95,21 @@ class KnowledgeBase:
     @cached_property
     def store(self) -> Store:
         """The vector store (opened on first use; refuses a store built by another model)."""
+        if self.read_only and self.settings.read_copy and not self.settings.chroma_url:
+            replica = open_replica(self.settings.store_dir, self.embedder.model_id)
+            if replica is not None:
+                return replica
         return open_store(self.settings, self.embedder.model_id)
+
+    def save_replica(self) -> None:
+        """Leave a current copy of an embedded store for the commands that only read (when the
+        store was opened, not read from a copy); a failure to write it costs only speed."""
+        store = self.store
+        if self.settings.read_copy and isinstance(store, ChromaStore) and store.path is not None:
+            try:
+                save_replica(store)
+            except OSError as exc:
+                log.warning("could not write the store's copy for fast reads in %s: %s", store.path, exc)
 
     def dimension_of(self, cause: str | None) -> str | None:
         """Dimension of a root-cause id, or None."""

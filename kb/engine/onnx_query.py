@@ -29,7 +29,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MIN_COSINE = 0.999
-FORMAT = 1  # bump when the export's layout changes: older exports are made again
+FORMAT = 2  # bump when the export's layout changes: older exports are made again
 PROBES = ["GPU fell off the bus (Xid 79) on node gpu-a17 during step 4411",
           "ModuleNotFoundError: No module named 'apex' after I rebuilt my image",
           "NCCL WARN NET/IB : Got completion from peer 10.0.0.7 with error 12, opcode 1, len 0",
@@ -93,6 +93,19 @@ class OnnxQueryEncoder:
         return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
 
 
+def optimise(source: Path, target: Path) -> None:
+    """Save the graph as ONNX Runtime rewrites it (fused attention and layer norms, folded
+    constants), so that a new process loading it starts in half the time. Extended, not all,
+    optimisations: those are the ones that do not tie the file to this processor."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+
+
 def load(model_dir: Path, cache: Path) -> OnnxQueryEncoder | None:
     """The checked export of the model, or None when there is none (or onnxruntime is missing)."""
     path = export_dir(model_dir, cache)
@@ -142,8 +155,11 @@ def export(st_model, model_dir: Path, cache: Path) -> Path | None:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporter's notes on operators it rewrites
             torch.onnx.export(Encoder(transformer).cpu(), (sample, sample, torch.zeros_like(sample)),
-                              str(work / "model.onnx"), input_names=["input_ids", "attention_mask", "token_type_ids"],
+                              str(work / "exported.onnx"),
+                              input_names=["input_ids", "attention_mask", "token_type_ids"],
                               output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+        optimise(work / "exported.onnx", work / "model.onnx")
+        (work / "exported.onnx").unlink()
         shutil.copy(model_dir / "tokenizer.json", work / "tokenizer.json")
         tokenizer = st_model.tokenizer
         manifest = {"format": FORMAT, "model": str(model_dir), "max_seq_length": int(st_model.max_seq_length),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,19 +16,29 @@ DENSE_WEIGHT = 0.7
 
 
 class BM25:
-    """Okapi BM25 over a fixed corpus, with an inverted index for sparse scoring."""
+    """Okapi BM25 over a fixed corpus, with an inverted index for sparse scoring.
+
+    The index is built with numpy: every (term, document) pair once, sorted by term, so a term's
+    postings are one slice (a few times faster to build than a dict of lists, which a command
+    answering one ticket pays for on every start)."""
 
     def __init__(self, documents: list[list[str]], k1: float = 1.2, b: float = 0.75):
         self.k1, self.b = k1, b
         self.size = len(documents)
         self.lengths = np.array([len(d) for d in documents], dtype=np.float32)
         self.avg_length = float(self.lengths.mean()) if self.size else 0.0
-        self.postings: dict[str, list[tuple[int, int]]] = {}
-        for index, doc in enumerate(documents):
-            for term, freq in Counter(doc).items():
-                self.postings.setdefault(term, []).append((index, freq))
-        self.idf = {term: math.log(1 + (self.size - len(p) + 0.5) / (len(p) + 0.5))
-                    for term, p in self.postings.items()}
+        vocabulary: dict[str, int] = {}
+        term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for d in documents for t in d),
+                               dtype=np.int64)
+        doc_ids = np.repeat(np.arange(self.size, dtype=np.int64), self.lengths.astype(np.int64))
+        pairs, freqs = np.unique(term_ids * max(self.size, 1) + doc_ids, return_counts=True)
+        terms = pairs // max(self.size, 1)
+        self._docs = pairs % max(self.size, 1)
+        self._freqs = freqs.astype(np.float32)
+        self._start = np.searchsorted(terms, np.arange(len(vocabulary) + 1))
+        self.vocabulary = vocabulary
+        df = np.diff(self._start)
+        self._idf = np.log(1 + (self.size - df + 0.5) / (df + 0.5)).astype(np.float32)
         self._norm = self.k1 * (1 - self.b + self.b * self.lengths / max(self.avg_length, 1e-9))
         self._weights: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -38,12 +46,12 @@ class BM25:
         """(document indices, BM25 weights) of a term; computed once, since they do not depend on the query."""
         cached = self._weights.get(term)
         if cached is None:
-            postings = self.postings.get(term)
-            if not postings:
+            n = self.vocabulary.get(term)
+            if n is None:
                 return None
-            idx = np.fromiter((p[0] for p in postings), dtype=np.int64, count=len(postings))
-            tf = np.fromiter((p[1] for p in postings), dtype=np.float32, count=len(postings))
-            cached = self._weights[term] = (idx, self.idf[term] * tf * (self.k1 + 1) / (tf + self._norm[idx]))
+            rows = slice(self._start[n], self._start[n + 1])
+            idx, tf = self._docs[rows], self._freqs[rows]
+            cached = self._weights[term] = (idx, self._idf[n] * tf * (self.k1 + 1) / (tf + self._norm[idx]))
         return cached
 
     def scores(self, query: list[str]) -> np.ndarray:

@@ -8,13 +8,17 @@ refuses vectors from another one. An embedded store is open in one process at a 
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 import weakref
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from kb.core.files import write_private
 from kb.core.incidents import Incident
 from kb.core.roles import Hit
 from kb.core.settings import Settings
@@ -31,11 +35,37 @@ _local_writes: dict[str, int] = {}
 _write_numbers = itertools.count(1)  # next() is atomic: two threads writing never get the same number
 
 
+STATE_FILE = "pmkb-state.json"
+"""In an embedded store's directory: a token replaced before and after every write, so that a copy
+of the store (``kb.engine.replica``) knows whether it is still current."""
+
+
 class StoreModelMismatch(RuntimeError):
     """The store was built with another embedding model than the one configured."""
 
 
+def mismatch_message(location: str, built_with: str | None, configured: str) -> str:
+    """What to do when a store built with one embedding model is opened with another."""
+    return (f"the knowledge base at {location} was built with embedding model {built_with!r}, but "
+            f"{configured!r} is configured. Use the model it was built with, or build a knowledge base for "
+            f"the new model in another directory (`pmkb build --kb NEW_DIR`, then `pmkb ingest --kb NEW_DIR` "
+            f"your incident files).")
 
+
+def store_token(directory: Path) -> str | None:
+    """The embedded store's current write token (None before its first write under this version)."""
+    try:
+        return json.loads((Path(directory) / STATE_FILE).read_text(encoding="utf-8"))["token"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def new_token(directory: Path) -> str:
+    """Replace the embedded store's write token (only while holding its lock); the new token."""
+    token = uuid.uuid4().hex
+    payload = json.dumps({"token": token, "at": time.time()}).encode("utf-8")
+    write_private(Path(directory) / STATE_FILE, lambda fh: fh.write(payload))
+    return token
 
 
 def incident_metadata(incident: Incident, dimension: str | None) -> dict:
@@ -64,6 +94,7 @@ class ChromaStore:
                  refresh_seconds: float = 5.0):
         self.model_id = model_id
         self.location = url or path
+        self.path = None if url else path  # the embedded store's directory
         self.refresh_seconds = refresh_seconds
         self._seen: tuple[float, tuple] | None = None  # (when, count and token) last read from a server
         lock = None if url else store_lock.acquire(path)  # first: a store in use fails before the slow import
@@ -96,26 +127,35 @@ class ChromaStore:
             embedding_function=None)
         built_with = (col.metadata or {}).get("embedding_model")
         if built_with != self.model_id:
-            raise StoreModelMismatch(
-                f"the knowledge base at {self.location} was built with embedding model "
-                f"{built_with!r}, but {self.model_id!r} is configured. Use the model it was "
-                f"built with, or build a knowledge base for the new model in another directory "
-                f"(`pmkb build --kb NEW_DIR`, then `pmkb ingest --kb NEW_DIR` your incident files).")
+            raise StoreModelMismatch(mismatch_message(str(self.location), built_with, self.model_id))
         return col
+
+    @contextmanager
+    def _writing(self):
+        """Around a write: the embedded store's token changes before it (a crash mid-write leaves
+        every copy stale) and after it (a copy made during it is stale)."""
+        if self.path is not None:
+            new_token(Path(self.path))
+        try:
+            yield
+        finally:
+            if self.path is not None:
+                new_token(Path(self.path))
 
     def upsert_incidents(self, incidents: list[Incident], vectors: np.ndarray,
                          dimensions: list[str | None] | None = None) -> None:
         """Insert or replace incidents (by id) with their vectors."""
         dimensions = dimensions or [None] * len(incidents)
-        for start in range(0, len(incidents), self._batch):
-            chunk = incidents[start:start + self._batch]
-            self._incidents.upsert(
-                ids=[i.id for i in chunk],
-                embeddings=vectors[start:start + self._batch].tolist(),
-                documents=[i.document() for i in chunk],
-                metadatas=[incident_metadata(i, d) for i, d in
-                           zip(chunk, dimensions[start:start + self._batch])])
-        self._changed()
+        with self._writing():
+            for start in range(0, len(incidents), self._batch):
+                chunk = incidents[start:start + self._batch]
+                self._incidents.upsert(
+                    ids=[i.id for i in chunk],
+                    embeddings=vectors[start:start + self._batch].tolist(),
+                    documents=[i.document() for i in chunk],
+                    metadatas=[incident_metadata(i, d) for i, d in
+                               zip(chunk, dimensions[start:start + self._batch])])
+            self._changed()
 
     def _changed(self) -> None:
         """Record an incident write: at once for this process, through the token for others."""
@@ -178,6 +218,26 @@ class ChromaStore:
             vecs.extend(embs)
         return ids, np.asarray(vecs, dtype=np.float32)
 
+    def incident_records(self) -> tuple[list[str], list[dict], list[str], np.ndarray]:
+        """Every incident as stored: ids, metadata, documents and vectors (for the store's copy)."""
+        ids, metadatas, documents, vectors = [], [], [], []
+        offset = 0
+        while True:
+            got = self._incidents.get(include=["metadatas", "documents", "embeddings"], limit=self._batch,
+                                      offset=offset)
+            if not got["ids"]:
+                return ids, metadatas, documents, np.asarray(vectors, dtype=np.float32)
+            ids.extend(got["ids"])
+            metadatas.extend(got["metadatas"])
+            documents.extend(got["documents"])
+            vectors.extend(got["embeddings"])
+            offset += len(got["ids"])
+
+    def taxonomy_records(self) -> tuple[list[str], list[dict], list[str], np.ndarray]:
+        """Every taxonomy entry as stored: ids, metadata, documents and vectors."""
+        got = self._taxonomy.get(include=["metadatas", "documents", "embeddings"])
+        return got["ids"], got["metadatas"], got["documents"], np.asarray(got["embeddings"], dtype=np.float32)
+
     def get_incident(self, incident_id: str) -> Incident | None:
         """One incident by id, or None."""
         got = self._incidents.get(ids=[incident_id], include=["metadatas"])
@@ -215,10 +275,11 @@ class ChromaStore:
         """Insert or replace taxonomy entries, dropping entries no longer in the taxonomy."""
         existing = set(self._taxonomy.get(include=[])["ids"])
         stale = sorted(existing - set(ids))
-        if stale:
-            self._taxonomy.delete(ids=stale)
-        self._taxonomy.upsert(ids=ids, documents=documents, metadatas=metadatas,
-                              embeddings=np.asarray(vectors).tolist())
+        with self._writing():
+            if stale:
+                self._taxonomy.delete(ids=stale)
+            self._taxonomy.upsert(ids=ids, documents=documents, metadatas=metadatas,
+                                  embeddings=np.asarray(vectors).tolist())
 
     def taxonomy_entries(self) -> list[tuple[str, dict, str]]:
         """All taxonomy entries as (id, metadata, document)."""
@@ -236,12 +297,13 @@ class ChromaStore:
 
     def reset(self) -> None:
         """Drop both collections."""
-        for name in (INCIDENTS, TAXONOMY):
-            try:
-                self._client.delete_collection(name)
-            except Exception:  # noqa: BLE001 - absent collection
-                pass
-        self._changed()
+        with self._writing():
+            for name in (INCIDENTS, TAXONOMY):
+                try:
+                    self._client.delete_collection(name)
+                except Exception:  # noqa: BLE001 - absent collection
+                    pass
+            self._changed()
 
 
 def _connect(path: str | None, url: str | None):

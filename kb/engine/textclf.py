@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from kb.core.files import write_private
 from kb.core.text import TOKEN_PATTERN
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class _StoredModel:
 
     def __init__(self, vocabularies: list[list[str]], idfs: list[np.ndarray], coef: np.ndarray,
                  intercept: np.ndarray):
-        self.index = [{t: i for i, t in enumerate(terms)} for terms in vocabularies]
+        self.index = [dict(zip(terms, range(len(terms)))) for terms in vocabularies]
         self.offsets = [0, len(vocabularies[0])]
         self.idfs, self.coef, self.intercept = idfs, coef, intercept
         self.dense = sum(map(len, vocabularies))
@@ -189,7 +189,7 @@ class TextClassifier:
             return clf
         vocabularies = header["vocabularies"]
         if not (isinstance(vocabularies, list) and len(vocabularies) == 2
-                and all(isinstance(t, str) for terms in vocabularies for t in terms)):
+                and all(isinstance(terms, list) and set(map(type, terms)) <= {str} for terms in vocabularies)):
             raise ValueError("vocabularies are not two lists of terms")
         idfs = [_numeric(arrays, f"idf{n}", (len(vocabularies[n]),)) for n in range(2)]  # checks the vocabulary too
         coef, intercept = _numeric(arrays, "coef"), _numeric(arrays, "intercept")
@@ -280,16 +280,7 @@ def save_classifiers(path: Path, fingerprint: str, classifiers: dict[str, TextCl
         header["classifiers"][field], state = clf.to_state()
         arrays.update({f"{field}.{name}": value for name, value in state.items()})
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.unlink(missing_ok=True)
-    try:
-        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    write_private(path, lambda fh: np.savez(fh, **arrays))
     for legacy in (path.with_name(name) for name in LEGACY_CACHE_FILES):
         if legacy == path:
             continue
