@@ -48,7 +48,7 @@ build: $(CORE)
 	$(BIN)/pmkb build
 
 run: build
-	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true \
+	$(BIN)/python -m ui.serve --server.port $(PORT) --server.headless true \
 		--browser.gatherUsageStats false
 
 test: $(DEV) $(LLM) chromium slurm

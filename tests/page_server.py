@@ -22,11 +22,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+STREAMLIT_RUN = ["-m", "streamlit", "run", "app.py"]
+"""The page as ``streamlit run app.py`` serves it: everything is loaded at the first visit."""
+PRELOADING = ["-m", "ui.serve"]
+"""The page as ``make run`` serves it (ui/serve.py): loading starts with the server."""
+
+
 @contextlib.contextmanager
-def serve_page(env: dict, log_path: Path):
-    """`streamlit run app.py` on a free loopback port with these environment variables; yields its URL."""
+def serve_page(env: dict, log_path: Path, launcher: list[str] = STREAMLIT_RUN):
+    """The page on a free loopback port with these environment variables; yields its URL."""
     port = free_port()
-    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+    command = [sys.executable, *launcher, "--server.headless", "true",
                "--server.port", str(port), "--server.address", "127.0.0.1",
                "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     with log_path.open("wb") as log:

@@ -328,3 +328,33 @@ def test_with_a_scheduler_set_the_card_shows_the_remediation_plan(app_home, monk
     shown = [c.value for c in plan.code]
     assert shown[0].startswith("scontrol update NodeName=gpu-h100-0417 State=DRAIN 'Reason=pmkb OPS-7: ")
     assert "Nothing has run" in "\n".join(c.value for c in plan.caption)
+
+
+def test_the_page_takes_over_what_was_loaded_as_the_server_started(writable_home):
+    from kb.core.settings import load_settings
+    from ui.resources import _preloads, _settings_key, load_everything, preload
+
+    settings = load_settings()
+    key = _settings_key(settings)
+    preload(settings).join()
+    made = _preloads[key][1][0]
+    load_everything.clear()
+    open_app()
+    assert key not in _preloads  # taken over by the page's first run
+    assert load_everything(settings, key) is made
+
+
+def test_a_start_that_failed_in_the_background_is_shown_on_the_page(writable_home, tmp_path, monkeypatch):
+    from kb.core.settings import load_settings
+    from ui.resources import _preloads, _settings_key, app_settings, load_everything, preload
+
+    broken = tmp_path / "taxonomy.yaml"
+    broken.write_text("name: [unclosed\n", encoding="utf-8")
+    monkeypatch.setenv("PMKB_TAXONOMY", str(broken))
+    app_settings.clear()
+    settings = load_settings()
+    preload(settings).join()
+    assert isinstance(_preloads[_settings_key(settings)][1][0], Exception)
+    load_everything.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    assert any("pmkb cannot start" in e.value and "taxonomy" in e.value for e in at.error), [e.value for e in at.error]

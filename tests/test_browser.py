@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_settings
-from page_server import serve_page
+from page_server import PRELOADING, STREAMLIT_RUN, serve_page
 
 from kb.core.suggestion import Ticket
 from kb.engine.knowledge import KnowledgeBase
@@ -30,9 +30,9 @@ TICKET = {
 }
 
 
-def serve_app(home: Path, log_path: Path):
-    """`streamlit run app.py` with PMKB_HOME=home (tests/page_server.py); yields its URL."""
-    return serve_page({**os.environ, "PMKB_HOME": str(home)}, log_path)
+def serve_app(home: Path, log_path: Path, launcher: list[str] = STREAMLIT_RUN):
+    """The page with PMKB_HOME=home (tests/page_server.py); yields its URL."""
+    return serve_page({**os.environ, "PMKB_HOME": str(home)}, log_path, launcher)
 
 
 def fill_ticket(page, ticket: dict) -> None:
@@ -51,7 +51,8 @@ def served_home(_built_kb_dir, tmp_path) -> Path:
     return home
 
 
-def test_a_ticket_typed_in_the_browser_shows_the_engines_root_cause(served_home, embedder, tmp_path):
+@pytest.mark.parametrize("launcher", [STREAMLIT_RUN, PRELOADING], ids=["streamlit-run", "ui.serve"])
+def test_a_ticket_typed_in_the_browser_shows_the_engines_root_cause(served_home, embedder, tmp_path, launcher):
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (install it with `make chromium`)")
     from playwright.sync_api import expect, sync_playwright
@@ -60,7 +61,7 @@ def test_a_ticket_typed_in_the_browser_shows_the_engines_root_cause(served_home,
     expected = SuggestionEngine(kb).suggest(Ticket(**TICKET))
     kb.store.close()  # the served page opens the store next: an embedded store serves one process at a time
     assert not expected.abstained
-    with serve_app(served_home, tmp_path / "streamlit.log") as url, sync_playwright() as p:
+    with serve_app(served_home, tmp_path / "streamlit.log", launcher) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 1400})

@@ -88,3 +88,20 @@ def test_without_background_refit_the_change_is_fitted_before_answering(empty_kb
     empty_kb.add_incidents(empty_kb.bundled_incidents()[40:44])
     engine.suggest(TICKET)
     assert engine.snapshot().classifiers is not old.classifiers
+
+
+def test_the_classifiers_learn_from_a_sample_that_keeps_every_cause_when_the_corpus_is_large():
+    from kb.core.incidents import Incident, Provenance
+    from kb.engine.calibrate import training_sample
+
+    common = [Incident(id=f"c{n}", title="t", root_cause="gpu_lost") for n in range(500)]
+    rare = [Incident(id=f"r{n}", title="t", root_cause="service_outage") for n in range(7)]
+    confirmed = [Incident(id=f"k{n}", title="t", root_cause="gpu_lost", provenance=Provenance.confirmed)
+                 for n in range(3)]
+    everything = common + rare + confirmed
+    sample = training_sample(everything, 100)
+    assert len(sample) == 100 and len({i.id for i in sample}) == 100
+    assert sum(i.root_cause == "service_outage" for i in sample) == 7  # the rare cause keeps all its incidents
+    assert {i.id for i in confirmed} <= {i.id for i in sample}  # confirmed ones come first in their cause
+    assert training_sample(everything, 100) == sample  # the same sample every time
+    assert training_sample(everything, 1000) == everything

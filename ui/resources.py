@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from kb.core.incidents import Incident
-from kb.core.roles import Embedder, Suggester
+from kb.core.roles import Suggester
 from kb.core.settings import Settings, load_settings
 from kb.core.suggestion import Ticket
 from kb.core.taxonomy import TaxonomyError
@@ -48,12 +48,6 @@ def app_settings() -> Settings:
     return load_settings()
 
 
-@st.cache_resource(show_spinner="Loading the embedding model ...")
-def load_embedder(_settings: Settings, backend: str, model: str, device: str) -> Embedder:
-    """The embedding model (the arguments after settings only key the cache)."""
-    return make_embedder(_settings)
-
-
 def _settings_key(settings: Settings) -> str:
     return settings.model_dump_json()
 
@@ -67,19 +61,51 @@ def describe_model(suggester: Suggester) -> str:
     return f"{note} (unavailable: {llm['error']}; the engine answers alone)" if llm.get("error") else note
 
 
-@st.cache_resource(show_spinner="Opening the knowledge base and warming up the engine ...")
-def load_everything(_settings: Settings, key: str) -> Loaded:
-    """Open (and if empty, build) the knowledge base, the engine and the model, once per process."""
-    embedder = load_embedder(_settings, _settings.embedder, _settings.embedding_model,
-                             _settings.embedding_device)
-    kb = KnowledgeBase(_settings, embedder=embedder)
+def open_everything(settings: Settings) -> Loaded:
+    """Open (and if empty, build) the knowledge base, the engine and the model, and warm them up."""
+    kb = KnowledgeBase(settings, embedder=make_embedder(settings))
     kb.ensure_built()
     engine = SuggestionEngine(kb, refit_in_background=True)
     engine.calibration
     engine.suggest(WARM_UP)  # loads the model weights, lexical index and taxonomy vectors now
     suggester = make_suggester(engine)
-    return Loaded(settings=_settings, engine=engine, suggester=suggester,
+    return Loaded(settings=settings, engine=engine, suggester=suggester,
                   llm_note=describe_model(suggester), lock=threading.Lock())
+
+
+_preloads: dict[str, tuple[threading.Thread, list]] = {}
+"""Loads started as the server started (``preload``), by settings key: the thread and, once it
+ended, what it made (a ``Loaded`` or the exception it raised)."""
+
+
+def preload(settings: Settings) -> threading.Thread:
+    """Start opening everything in the background, before any page is visited (ui/serve.py), so that
+    the first visitor does not wait for it; the page takes it over (``load_everything``)."""
+    outcome: list = []
+
+    def work() -> None:
+        try:
+            outcome.append(open_everything(settings))
+        except BaseException as exc:  # noqa: BLE001 - the page opens it again and shows the error
+            outcome.append(exc)
+
+    thread = threading.Thread(target=work, name="pmkb-preload", daemon=True)
+    _preloads[_settings_key(settings)] = (thread, outcome)
+    thread.start()
+    return thread
+
+
+@st.cache_resource(show_spinner="Opening the knowledge base and warming up the engine ...")
+def load_everything(_settings: Settings, key: str) -> Loaded:
+    """Everything, once per process: what ``preload`` made when the server started with these
+    settings (waiting for it to finish), else opened now."""
+    started = _preloads.pop(key, None)
+    if started is not None:
+        thread, outcome = started
+        thread.join()
+        if outcome and isinstance(outcome[0], Loaded):
+            return outcome[0]
+    return open_everything(_settings)
 
 
 def refresh_engine(res: Loaded) -> None:

@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     # With a Chroma server, other processes may add or change incidents: a running process looks
     # for such changes at most this often (seconds), so they reach its suggestions within that time.
     chroma_refresh_seconds: float = Field(5.0, gt=0)
+    # The text classifiers (and the calibration) learn from at most this many labelled incidents:
+    # a larger knowledge base gives them a sample that keeps every root cause (kb/engine/calibrate.py).
+    # Fitting grows faster than linearly; retrieval and the vote still use every incident.
+    classifier_max_samples: int = Field(20_000, ge=100)
     # Suggestions whose top root-cause probability is below this are marked abstained.
     abstain_threshold: float = Field(0.35, ge=0, le=1)
     # Prediction sets hold the true root cause (and symptom) with probability at least 1 - alpha.

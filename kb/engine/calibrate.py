@@ -43,6 +43,27 @@ LeaveOneOut = Callable[[Incident, np.ndarray, str, dict[str, np.ndarray]], tuple
 features`` computed as for an unseen ticket: the engine's pipeline with the incident left out."""
 
 
+def training_sample(incidents: list[Incident], limit: int) -> list[Incident]:
+    """At most ``limit`` incidents, taken in turns from each root cause (confirmed ones first, then
+    in a fixed pseudo-random order), so a rare cause keeps all its incidents; all when they fit."""
+    if len(incidents) <= limit:
+        return incidents
+    by_cause: dict[str | None, list[Incident]] = {}
+    for incident in sorted(incidents, key=lambda i: (i.provenance != Provenance.confirmed,
+                                                     hashlib.sha256(i.id.encode()).digest())):
+        by_cause.setdefault(incident.root_cause, []).append(incident)
+    queues = [iter(group) for group in by_cause.values()]
+    chosen: list[Incident] = []
+    while queues and len(chosen) < limit:
+        for queue in list(queues):
+            incident = next(queue, None)
+            if incident is None:
+                queues.remove(queue)
+            elif len(chosen) < limit:
+                chosen.append(incident)
+    return chosen
+
+
 class Calibrator:
     """Fits and keeps the text classifiers and the classifier weights of one knowledge base."""
 
@@ -90,6 +111,8 @@ class Calibrator:
     def fingerprint(self, voters: list[Incident]) -> str:
         """Digest of what classifiers trained on these incidents learn from (the labelled readings included)."""
         digest = hashlib.sha256(training_fingerprint(voters, self.kb.embedder.model_id).encode())
+        if sum(i.labelled and i.votes for i in voters) > self.settings.classifier_max_samples:
+            digest.update(f"sample of {self.settings.classifier_max_samples}".encode())
         if self.readings is not None:
             digest.update(self._readings_digest.encode())
         return digest.hexdigest()
@@ -101,11 +124,13 @@ class Calibrator:
                               + self.settings.readings.read_bytes()).hexdigest()
 
     def training_set(self, voters: list[Incident]) -> tuple[list[Incident], np.ndarray]:
-        """The labelled voting incidents with their stored vectors."""
+        """The labelled voting incidents with their stored vectors (a sample of them beyond
+        ``classifier_max_samples``, see ``training_sample``)."""
         ids, vectors = self.kb.store.incident_vectors()
-        by_id = {i.id: i for i in voters}
-        keep = [n for n, i in enumerate(ids) if i in by_id and by_id[i].labelled and by_id[i].votes]
-        return [by_id[ids[n]] for n in keep], vectors[keep] if keep else np.zeros((0, 1), np.float32)
+        chosen = {i.id: i for i in training_sample([i for i in voters if i.labelled and i.votes],
+                                                   self.settings.classifier_max_samples)}
+        keep = [n for n, i in enumerate(ids) if i in chosen]
+        return [chosen[ids[n]] for n in keep], vectors[keep] if keep else np.zeros((0, 1), np.float32)
 
     def text_classifiers(self, voters: list[Incident], fingerprint: str) -> dict[str, TextClassifier]:
         """Classifiers for root cause and symptom: the cached ones when trained on exactly these
