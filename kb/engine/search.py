@@ -154,7 +154,12 @@ class Retriever:
         dense = {incident_id: max(score, 0.0) for incident_id, score in dense.items()}
         lexical = corpus.bm25.scores(tokenize(text))
         best = float(lexical.max()) if lexical.size else 0.0
-        lexical_top = np.argsort(-lexical)[:pool] if best > 0 else []
+        if best <= 0:
+            lexical_top = []
+        elif lexical.size > pool:  # the pool's members in any order: linear in the corpus, not n log n
+            lexical_top = np.argpartition(-lexical, pool - 1)[:pool]
+        else:
+            lexical_top = np.arange(lexical.size)
         candidates = set(dense) | {corpus.incidents[i].id for i in lexical_top}
         exclude = exclude or set()
         scored = []
