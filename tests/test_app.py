@@ -330,7 +330,7 @@ def test_with_a_scheduler_set_the_card_shows_the_remediation_plan(app_home, monk
     assert "Nothing has run" in "\n".join(c.value for c in plan.caption)
 
 
-def test_the_page_takes_over_what_was_loaded_as_the_server_started(writable_home):
+def test_the_page_takes_over_what_was_loaded_as_the_server_started(app_home):
     from kb.core.settings import load_settings
     from ui.resources import _preloads, _settings_key, load_everything, preload
 
@@ -344,7 +344,7 @@ def test_the_page_takes_over_what_was_loaded_as_the_server_started(writable_home
     assert load_everything(settings, key) is made
 
 
-def test_a_start_that_failed_in_the_background_is_shown_on_the_page(writable_home, tmp_path, monkeypatch):
+def test_a_start_that_failed_in_the_background_is_shown_on_the_page(app_home, tmp_path, monkeypatch):
     from kb.core.settings import load_settings
     from ui.resources import _preloads, _settings_key, app_settings, load_everything, preload
 

@@ -150,7 +150,7 @@ class Retriever:
         pool = max(50, 5 * k)
         if dense is None:
             vector = self.kb.embedder.embed_query(text) if query_vector is None else query_vector
-            dense = {h.id: h.score for h in self.kb.store.query_incidents(vector, pool, chroma_where(where))}
+            dense = self.kb.store.query_incident_scores(np.asarray(vector)[None, :], pool, chroma_where(where))[0]
         dense = {incident_id: max(score, 0.0) for incident_id, score in dense.items()}
         lexical = corpus.bm25.scores(tokenize(text))
         best = float(lexical.max()) if lexical.size else 0.0

@@ -13,6 +13,8 @@ import json
 import logging
 import re
 import warnings
+from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -72,15 +74,18 @@ class _StoredModel:
                     break
         return grams
 
-    def _part(self, terms: list[str], part: int) -> tuple[np.ndarray, np.ndarray]:
-        counts: dict[int, int] = {}
+    @classmethod
+    @lru_cache(maxsize=16)
+    def _counted(cls, lowered: str) -> tuple[Counter, Counter]:
+        """The text's word and character n-gram counts: one suggestion asks every classifier
+        (causes, symptoms, readings) about the same text, so they are counted once."""
+        return Counter(cls._tokens.findall(lowered)), Counter(cls._char_wb(lowered))
+
+    def _part(self, counted: Counter, part: int) -> tuple[np.ndarray, np.ndarray]:
         index = self.index[part]
-        for term in terms:
-            column = index.get(term)
-            if column is not None:
-                counts[column] = counts.get(column, 0) + 1
-        columns = np.fromiter(counts, dtype=np.int64, count=len(counts))
-        values = (np.log(np.fromiter(counts.values(), dtype=np.float64, count=len(counts))) + 1.0)
+        found = [(column, count) for term, count in counted.items() if (column := index.get(term)) is not None]
+        columns = np.fromiter((c for c, _ in found), dtype=np.int64, count=len(found))
+        values = np.log(np.fromiter((n for _, n in found), dtype=np.float64, count=len(found))) + 1.0
         values = values * self.idfs[part][columns]
         norm = np.sqrt(np.dot(values, values))
         return columns + self.offsets[part], (values / norm if norm else values)
@@ -89,9 +94,8 @@ class _StoredModel:
         vectors = np.asarray(vectors, dtype=np.float64)
         scores = vectors @ self.coef[:, self.dense:].T + self.intercept
         for row, text in enumerate(texts):
-            lowered = text.lower()
-            for part, terms in enumerate((self._tokens.findall(lowered), self._char_wb(lowered))):
-                columns, values = self._part(terms, part)
+            for part, counted in enumerate(self._counted(text.lower())):
+                columns, values = self._part(counted, part)
                 scores[row] += self.coef[:, columns] @ values
         if self.coef.shape[0] == 1:  # two classes: one row of coefficients, the logistic function
             positive = 1.0 / (1.0 + np.exp(-scores[:, 0]))
