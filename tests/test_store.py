@@ -69,6 +69,15 @@ class StoreContract:
         assert {i.id for i in store.incidents()} == {i.id for i in incidents}
         assert [h.id for h in store.query_incidents(vectors[0], 4, where={"root_cause": "nope"})] == []
 
+    def test_asking_for_more_neighbours_than_are_stored_gives_them_all(self):
+        store = self.make_store("m1")
+        incidents = _incidents()
+        vectors = HashingEmbedder().embed_documents([i.text() for i in incidents])
+        assert store.query_incidents(vectors[0], 50) == [] and store.query_incident_scores(vectors[:2], 50) == [{}, {}]
+        store.upsert_incidents(incidents, vectors, ["hardware"] * 4)
+        assert {h.id for h in store.query_incidents(vectors[0], 50)} == {i.id for i in incidents}
+        assert [set(pool) for pool in store.query_incident_scores(vectors[:2], 50)] == [{i.id for i in incidents}] * 2
+
     def test_refuses_other_model(self):
         self.make_store("m1")
         with pytest.raises(StoreModelMismatch, match="built with embedding model 'm1'"):
