@@ -22,6 +22,7 @@ import stat
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kb.core.files import write_private
 from kb.core.settings import Settings
 from kb.core.suggestion import Suggestion, Ticket
 
@@ -47,11 +48,8 @@ def announce(settings: Settings, host: str, port: int) -> Path | None:
         return None
     url = f"http://{'[::1]' if host == '::1' else host}:{port}"
     path = Path(settings.home) / SERVICE_FILE
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        json.dump({"url": url, "pid": os.getpid(), **_identity(settings)}, out)
-    os.replace(temporary, path)
+    payload = json.dumps({"url": url, "pid": os.getpid(), **_identity(settings)}).encode("utf-8")
+    write_private(path, lambda out: out.write(payload))
     return path
 
 

@@ -105,7 +105,7 @@ class KnowledgeBase:
         """Leave a current copy of an embedded store for the commands that only read (when the
         store was opened, not read from a copy); a failure to write it costs only speed."""
         store = self.store
-        if self.settings.read_copy and isinstance(store, ChromaStore) and store.path is not None:
+        if self.settings.read_copy and isinstance(store, ChromaStore):
             try:
                 save_replica(store)
             except OSError as exc:

@@ -138,6 +138,7 @@ class StoreReplica:
         self.model_id = model_id
         self.location = location
         self._ids, self._metadatas, self._documents = ids, metadatas, documents
+        self._position = {incident_id: n for n, incident_id in enumerate(ids)}
         norms = np.linalg.norm(vectors, axis=1, keepdims=True) if len(ids) else np.ones((0, 1), np.float32)
         self._vectors = vectors
         self._unit = vectors / np.maximum(norms, 1e-12)
@@ -161,8 +162,8 @@ class StoreReplica:
 
     def incident_hashes(self, ids: Iterable[str] | None = None) -> dict[str, str]:
         """Content hashes of the copy's incidents (all, or those with the given ids)."""
-        hashes = {i: m["content_hash"] for i, m in zip(self._ids, self._metadatas)}
-        return hashes if ids is None else {i: hashes[i] for i in ids if i in hashes}
+        rows = range(len(self._ids)) if ids is None else [self._position[i] for i in ids if i in self._position]
+        return {self._ids[n]: self._metadatas[n]["content_hash"] for n in rows}
 
     def incident_vectors(self) -> tuple[list[str], np.ndarray]:
         """Ids and vectors of every incident."""
@@ -170,10 +171,8 @@ class StoreReplica:
 
     def get_incident(self, incident_id: str) -> Incident | None:
         """One incident by id, or None."""
-        for n, known in enumerate(self._ids):
-            if known == incident_id:
-                return self._all()[n]
-        return None
+        n = self._position.get(incident_id)
+        return None if n is None else self._all()[n]
 
     def _nearest(self, vector: np.ndarray, k: int, rows: np.ndarray | None) -> list[tuple[int, float]]:
         query = np.asarray(vector, dtype=np.float32)

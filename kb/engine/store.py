@@ -190,48 +190,44 @@ class ChromaStore:
                 got = self._incidents.get(ids=id_list[start:start + self._batch], include=["metadatas"])
                 result.update({i: m["content_hash"] for i, m in zip(got["ids"], got["metadatas"])})
             return result
-        for ids_, metas, _ in self._scan(include=["metadatas"]):
-            result.update({i: m["content_hash"] for i, m in zip(ids_, metas)})
+        for got in self._scan(include=["metadatas"]):
+            result.update({i: m["content_hash"] for i, m in zip(got["ids"], got["metadatas"])})
         return result
 
     def _scan(self, include: list[str], where: dict | None = None):
+        """Every stored incident matching ``where``, a page of Chroma's ``get`` result at a time."""
         offset = 0
         while True:
             got = self._incidents.get(include=include, where=where, limit=self._batch, offset=offset)
             if not got["ids"]:
                 return
-            yield got["ids"], got["metadatas"], got.get("embeddings")
+            yield got
             offset += len(got["ids"])
 
     def incidents(self, where: dict | None = None) -> list[Incident]:
         """Every stored incident matching an optional metadata filter."""
         out: list[Incident] = []
-        for _, metas, _ in self._scan(include=["metadatas"], where=where):
-            out.extend(Incident.model_validate_json(m["record"]) for m in metas)
+        for got in self._scan(include=["metadatas"], where=where):
+            out.extend(Incident.model_validate_json(m["record"]) for m in got["metadatas"])
         return out
 
     def incident_vectors(self) -> tuple[list[str], np.ndarray]:
         """All incident ids and their stored vectors (for re-embedding checks and search)."""
         ids, vecs = [], []
-        for ids_, _, embs in self._scan(include=["embeddings", "metadatas"]):
-            ids.extend(ids_)
-            vecs.extend(embs)
+        for got in self._scan(include=["embeddings"]):
+            ids.extend(got["ids"])
+            vecs.extend(got["embeddings"])
         return ids, np.asarray(vecs, dtype=np.float32)
 
     def incident_records(self) -> tuple[list[str], list[dict], list[str], np.ndarray]:
         """Every incident as stored: ids, metadata, documents and vectors (for the store's copy)."""
         ids, metadatas, documents, vectors = [], [], [], []
-        offset = 0
-        while True:
-            got = self._incidents.get(include=["metadatas", "documents", "embeddings"], limit=self._batch,
-                                      offset=offset)
-            if not got["ids"]:
-                return ids, metadatas, documents, np.asarray(vectors, dtype=np.float32)
+        for got in self._scan(include=["metadatas", "documents", "embeddings"]):
             ids.extend(got["ids"])
             metadatas.extend(got["metadatas"])
             documents.extend(got["documents"])
             vectors.extend(got["embeddings"])
-            offset += len(got["ids"])
+        return ids, metadatas, documents, np.asarray(vectors, dtype=np.float32)
 
     def taxonomy_records(self) -> tuple[list[str], list[dict], list[str], np.ndarray]:
         """Every taxonomy entry as stored: ids, metadata, documents and vectors."""
