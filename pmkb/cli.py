@@ -112,7 +112,6 @@ def ingest(
     with tqdm(total=len(incidents), unit="incident", desc="ingest", file=sys.stderr,
               disable=len(incidents) < 200) as bar:
         report = knowledge.add_incidents(incidents, progress=bar.update)
-    knowledge.save_replica()
     read = len(incidents) + len(errors)
     errors = errors + report.errors
     summary = {"read": read, "added": report.added,

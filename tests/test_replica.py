@@ -147,3 +147,30 @@ def test_filters_follow_chromas_syntax(where, expected):
 def test_an_unknown_filter_operator_is_named():
     with pytest.raises(ValueError, match=r"\$gt"):
         where_matches({"root_cause": "gpu_lost"}, {"root_cause": {"$gt": 1}})
+
+
+def test_a_copy_whose_parts_disagree_is_ignored(bundled_kb, caplog):
+    _copy(bundled_kb)
+    path = replica_path(bundled_kb.settings.store_dir)
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["vectors"] = arrays["vectors"][:-1]  # one incident without its vector
+    with path.open("wb") as fh:
+        np.savez(fh, **arrays)
+    with caplog.at_level(logging.WARNING, logger="kb.engine.replica"):
+        assert open_replica(bundled_kb.settings.store_dir, bundled_kb.embedder.model_id) is None
+    assert "ids but" in caplog.text
+
+
+def test_a_copy_others_could_have_written_is_not_read(bundled_kb, caplog):
+    _copy(bundled_kb)
+    path = replica_path(bundled_kb.settings.store_dir)
+    path.chmod(0o666)
+    with caplog.at_level(logging.WARNING, logger="kb.engine.replica"):
+        assert open_replica(bundled_kb.settings.store_dir, bundled_kb.embedder.model_id) is None
+    assert "not private" in caplog.text
+    reader = KnowledgeBase(bundled_kb.settings, embedder=bundled_kb.embedder, read_only=True)
+    assert isinstance(reader.store, ChromaStore)
+    reader.save_replica()  # written afresh, private again
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert open_replica(bundled_kb.settings.store_dir, bundled_kb.embedder.model_id) is not None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import zipfile
 from pathlib import Path
 from typing import Iterable
@@ -77,6 +78,21 @@ def save_replica(store: ChromaStore) -> Path | None:
     return path
 
 
+def _check_parts(ids, metadatas, documents, vectors: np.ndarray, taxonomy, taxonomy_vectors: np.ndarray) -> None:
+    """ValueError unless the copy's parts fit together: one metadata record, document and vector row
+    per id (and per taxonomy entry), and a record in every incident's metadata."""
+    rows = len(ids)
+    if not (len(metadatas) == len(documents) == rows and vectors.ndim == 2 and vectors.shape[0] == rows
+            and vectors.dtype == np.float32):
+        raise ValueError(f"{rows} ids but {len(metadatas)} metadata records, {len(documents)} documents and "
+                         f"vectors of shape {vectors.shape}")
+    if not all(isinstance(m, dict) and isinstance(m.get("record"), str) for m in metadatas):
+        raise ValueError("an incident's metadata has no record")
+    if len(taxonomy) != 3 or len({len(part) for part in taxonomy}) != 1 \
+            or taxonomy_vectors.ndim != 2 or taxonomy_vectors.shape[0] != len(taxonomy[0]):
+        raise ValueError("the taxonomy entries do not match their vectors")
+
+
 def open_replica(directory: Path, model_id: str) -> StoreReplica | None:
     """The copy of the embedded store in ``directory`` when it is current and not empty, else None.
 
@@ -85,6 +101,11 @@ def open_replica(directory: Path, model_id: str) -> StoreReplica | None:
     path = replica_path(directory)
     token = store_token(directory)
     if token is None or not path.is_file():
+        return None
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:  # written 0600 by this user; anything else was not
+        log.warning("the copy of the store at %s is not private to this user (mode %o): not read; the store is "
+                    "opened instead (remove the file, the next command writes it again)", path, info.st_mode & 0o777)
         return None
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -95,9 +116,10 @@ def open_replica(directory: Path, model_id: str) -> StoreReplica | None:
                 raise StoreModelMismatch(mismatch_message(str(directory), manifest.get("model_id"), model_id))
             ids, metadatas, documents = json.loads(data["incidents"].tobytes())
             tax = json.loads(data["taxonomy"].tobytes())
-            replica = StoreReplica(model_id, str(directory), ids, metadatas, documents, data["vectors"],
-                                   tax, data["taxonomy_vectors"], token)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            vectors, tax_vectors = data["vectors"], data["taxonomy_vectors"]
+        _check_parts(ids, metadatas, documents, vectors, tax, tax_vectors)
+        replica = StoreReplica(model_id, str(directory), ids, metadatas, documents, vectors, tax, tax_vectors, token)
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         log.warning("the copy of the store at %s cannot be read (%s): the store is opened instead", path, exc)
         return None
     if not replica.taxonomy_entries():
