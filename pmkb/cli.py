@@ -284,6 +284,8 @@ def render_card(s) -> str:
         first, second = s.close_call.causes
         lines.append(f"  to decide: {s.close_call.question}")
         lines += [f"    {c}: {s.close_call.answers[c]}" for c in (first, second)]
+    if s.owner:
+        lines.append(s.owner.describe())
     lines += [r.describe() for r in s.readings]
     if s.collective:
         lines.append(s.collective.describe())

@@ -115,3 +115,19 @@ def test_after_pmkb_build_a_new_suggest_process_imports_neither_torch_chromadb_n
     done = subprocess.run(suggest, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and f"process {os.getpid()}" in done.stderr, done.stderr[-2000:]
     holder.store.close()
+
+
+def test_bfloat16_weights_give_the_float32_vectors_and_make_no_export(embedder, tmp_path):
+    half = SentenceTransformerEmbedder(MODEL, device="cpu", cache=tmp_path, dtype="bfloat16")
+    got = half.embed_documents(TEXTS)
+    assert next(half.model.parameters()).dtype.is_floating_point and str(next(half.model.parameters()).dtype) == \
+        "torch.bfloat16"
+    assert got.dtype == np.float32
+    assert np.min(np.sum(got * embedder._encode(TEXTS), axis=1)) >= 0.99
+    assert not half.prepare_fast_queries(), "an export is made from float32 weights only"
+    assert not (onnx_query.export_dir(half.model_dir, tmp_path) / "manifest.json").exists()
+
+
+def test_an_unknown_number_format_is_refused_by_name():
+    with pytest.raises(ValueError, match="embedding_dtype"):
+        Settings(embedding_dtype="int4")

@@ -105,3 +105,21 @@ def test_the_classifiers_learn_from_a_sample_that_keeps_every_cause_when_the_cor
     assert {i.id for i in confirmed} <= {i.id for i in sample}  # confirmed ones come first in their cause
     assert training_sample(everything, 100) == sample  # the same sample every time
     assert training_sample(everything, 1000) == everything
+
+
+def test_weights_and_sets_are_fitted_on_real_incidents_once_there_are_enough():
+    from kb.core.incidents import Incident
+    from kb.engine.calibrate import MIN_REAL_INCIDENTS, fitting_rows
+    from kb.engine.history import BUNDLED_SOURCE
+
+    written = [Incident(id=f"w{n}", title="t", root_cause="gpu_lost", source=BUNDLED_SOURCE) for n in range(50)]
+    public = [Incident(id=f"p{n}", title="t", root_cause="gpu_lost", source=f"https://github.com/o/r/issues/{n}",
+                       tags=[BUNDLED_SOURCE]) for n in range(MIN_REAL_INCIDENTS - 1)]
+    own = Incident(id="own", title="t", root_cause="gpu_lost", source="jira:OPS-1")
+    few = written + public
+    assert fitting_rows(few) == list(range(len(few)))  # too few real ones: every incident
+    enough = written + public + [own]
+    rows = fitting_rows(enough)
+    assert len(rows) == MIN_REAL_INCIDENTS and all(enough[n].source != BUNDLED_SOURCE for n in rows)
+    assert enough.index(own) in rows  # a team's own ticket is a real incident
+

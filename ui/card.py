@@ -118,7 +118,13 @@ def _prediction_set(s: Suggestion, taxonomy: Taxonomy, on_answer: Callable[[str]
 
 
 def _readings(s: Suggestion, taxonomy: Taxonomy) -> None:
-    """Scope and change as read from the ticket, the words they were read from, and where they point."""
+    """The owner, then scope and change as read from the ticket, the words they were read from, and
+    where they point."""
+    if s.owner:
+        sure = (f" · sure enough to route (right {s.owner.precision:.0%} of the time at this probability)"
+                if s.owner.labelled and s.owner.precision else "")
+        st.markdown(f"**Owner:** :{taxonomy.dimension_colour(s.owner.dimension)}-badge[{md(s.owner.dimension)}] "
+                    f"{s.owner.confidence:.0%}{sure}")
     for r in s.readings:
         line = f"**{md(r.kind.capitalize())}:** {md(r.name)} {r.confidence:.0%}"
         if r.span:

@@ -110,6 +110,10 @@ class Settings(BaseSettings):
     model_cache: Path = DEFAULT_MODEL_CACHE
     # Device for the embedding model: "auto", "cpu" or "cuda".
     embedding_device: str = "auto"
+    # Number format of the embedding model's weights. bfloat16 gives the same vectors (cosine 0.9999)
+    # about 3x faster on a GPU or a CPU with AMX or AVX512-BF16, but several times slower on a CPU
+    # without them (bench/embedding_models.py measures both on the machine at hand).
+    embedding_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Embed queries on ONNX Runtime from the model's export (kb/engine/onnx_query.py; the same vectors,
     # without torch in the process) when the export exists; false: always the model on torch.
     onnx_queries: bool = True
@@ -134,6 +138,10 @@ class Settings(BaseSettings):
     # instead: a larger alpha gives more sets of one cause, so more cause labels, each less sure.
     # Unset: the shown set (set_alpha). `pmkb eval` prints what each level labels and how precisely.
     label_alpha: float | None = Field(None, gt=0, lt=1)
+    # The bot labels a ticket's owner (dim:...) when the owner's probability is at or above the
+    # threshold at which it was right this often on the knowledge base's left-out incidents
+    # (kb/engine/owner.py); `pmkb eval` prints the share labelled and the precision on your tickets.
+    owner_precision: float = Field(0.9, gt=0, le=1)
     # A ticket with fewer distinct content words than this and no log signature says too little
     # to tell the cause ("job failed", "please take a look"): it is marked abstained whatever
     # the probabilities.

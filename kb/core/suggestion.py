@@ -147,6 +147,23 @@ class Candidate(BaseModel):
     dimension: str | None = None  # a root cause's dimension, in prediction sets
 
 
+class Owner(BaseModel):
+    """Who owns the ticket: the dimension of the suggested cause, with its probability (the sum of
+    its causes'), and whether that is sure enough for the bot to label it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dimension: str
+    confidence: float
+    labelled: bool = False  # at or above the threshold fitted for ``precision`` (settings.owner_precision)
+    precision: float | None = None  # the precision its labelling threshold was fitted for; None: not fitted
+
+    def describe(self) -> str:
+        """One line: the owner, its probability and whether it is sure enough to label."""
+        sure = f", sure enough to label (right {self.precision:.0%} of the time at this probability)"
+        return f"owner: {self.dimension} {self.confidence:.0%}" + (sure if self.labelled and self.precision else "")
+
+
 class CloseCallQuestion(BaseModel):
     """The question whose answer decides between two causes of a prediction set."""
 
@@ -184,6 +201,7 @@ class Suggestion(BaseModel):
     label_set: list[Candidate] | None = None
     label_level: float | None = None
     close_call: CloseCallQuestion | None = None  # the question that decides between the set's top two causes
+    owner: Owner | None = None  # the dimension that owns the ticket (kb/engine/owner.py)
     readings: list[Reading] = Field(default_factory=list)  # scope and change read from the ticket, with their words
     abstained: bool  # not sure enough to label: see abstain_reason
     abstain_reason: str | None = None  # LOW_CONFIDENCE or TOO_LITTLE_TEXT when abstained
@@ -216,6 +234,9 @@ def explain(s: Suggestion) -> str:
                      "below the abstain threshold.")
     else:
         parts.append(f"Most likely {s.root_cause} ({s.root_cause_dimension}) at {s.root_cause_confidence:.0%}.")
+    if s.owner is not None:
+        parts.append(f"Owner: {s.owner.dimension} at {s.owner.confidence:.0%}"
+                     + (", sure enough to route." if s.owner.labelled else "."))
     pointing = [r for r in s.readings if r.points_to and r.confidence >= 0.5]
     if pointing:
         parts.append(" ".join(f"{r.kind.capitalize()}: {r.name} -> {r.points_to}." for r in pointing))
@@ -246,9 +267,9 @@ def labelling_set(s: Suggestion) -> list[Candidate]:
 def labelling(s: Suggestion) -> str:
     """What a suggestion is sure enough to label, by its prediction set (``labelling_set``): the
     cause when the set holds one cause, the dimension when every cause of the set lies in one
-    dimension, else nothing but a comment. Without a set (no set calibration) the top cause is
-    labelled unless abstained; a ticket that says too little, or whose shown cause is not in the
-    set, is never labelled."""
+    dimension or the owner is sure enough (``Owner.labelled``), else nothing but a comment. Without
+    a set (no set calibration) the top cause is labelled unless abstained; a ticket that says too
+    little, or whose shown cause is not in the set, is never labelled."""
     if s.abstain_reason == TOO_LITTLE_TEXT:
         return COMMENT_ONLY
     members = labelling_set(s)
@@ -256,7 +277,9 @@ def labelling(s: Suggestion) -> str:
         return COMMENT_ONLY if s.abstained else CAUSE_LABEL
     if s.root_cause not in {m.id for m in members}:
         return COMMENT_ONLY  # a model moved the shown cause out of the set: a label would contradict the card
-    return set_labelling(members)
+    kind = set_labelling(members)
+    sure_owner = s.owner is not None and s.owner.labelled and s.owner.dimension == s.root_cause_dimension
+    return DIMENSION_LABEL if kind == COMMENT_ONLY and sure_owner else kind
 
 
 def set_labelling(members: list[Candidate]) -> str:

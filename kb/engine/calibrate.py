@@ -21,7 +21,9 @@ from kb.core.incidents import Incident, Provenance
 from kb.core.readings import KINDS, ReadingLabel, ReadingsError, ReadingVocabulary, load_labels, load_vocabulary
 from kb.engine.classify import Calibration, LabelFeatures, fit_weights, predict
 from kb.engine.conformal import SetCalibration
+from kb.engine.history import BUNDLED_SOURCE
 from kb.engine.knowledge import KnowledgeBase
+from kb.engine.owner import OwnerCalibration
 from kb.engine.readings import reading_spans, reading_truths
 from kb.engine.textclf import (
     CACHE_FILE,
@@ -37,6 +39,10 @@ log = logging.getLogger(__name__)
 CONFIRMED_SET_WEIGHT = 3.0
 """How much a confirmed incident counts in the prediction sets' calibration against a human-labelled
 one: confirmed incidents are this team's own tickets, the distribution the sets must hold on."""
+
+MIN_REAL_INCIDENTS = 300
+"""Reports of real incidents (anything but the reports written for pmkb) needed before the weights
+and the prediction sets are fitted on them alone; with fewer, on every labelled incident."""
 
 LeaveOneOut = Callable[[Incident, np.ndarray, str, dict[str, np.ndarray]], tuple[LabelFeatures, LabelFeatures]]
 """``(incident, its vector, its text, out-of-fold text log-probabilities) -> (cause, symptom)
@@ -62,6 +68,15 @@ def training_sample(incidents: list[Incident], limit: int) -> list[Incident]:
             elif len(chosen) < limit:
                 chosen.append(incident)
     return chosen
+
+
+def fitting_rows(incidents: list[Incident]) -> list[int]:
+    """Which left-out incidents the weights and the prediction sets are fitted on: the real ones (public
+    reports, this team's tickets) when there are ``MIN_REAL_INCIDENTS``, else all. The written reports
+    still teach the text classifiers and vote as neighbours; how far to trust each feature, and how
+    wide a set must be, is learnt on tickets as people file them."""
+    real = [n for n, incident in enumerate(incidents) if incident.source != BUNDLED_SOURCE]
+    return real if len(real) >= MIN_REAL_INCIDENTS else list(range(len(incidents)))
 
 
 class Calibrator:
@@ -180,12 +195,13 @@ class Calibrator:
         out-of-fold, so every feature is computed as it would be for an unseen ticket.
         """
         incidents, cause_f, symptom_f = self._left_out(voters, features)
+        incidents, cause_f, symptom_f = self._fitting(incidents, cause_f, symptom_f)
         with_symptom = [n for n, i in enumerate(incidents) if i.symptom]
         cause_w, cause_loss = fit_weights(cause_f, [i.root_cause for i in incidents])
         symptom_w, _ = fit_weights([symptom_f[n] for n in with_symptom], [incidents[n].symptom for n in with_symptom])
         calibration = Calibration(root_cause=cause_w, symptom=symptom_w, log_loss=round(cause_loss, 4),
                                   embedding_model=self.kb.embedder.model_id,
-                                  fitted_on=f"leave-one-out over {len(incidents)} labelled incidents "
+                                  fitted_on=f"leave-one-out over {len(incidents)} labelled {self._kind(incidents)} "
                                             f"({datetime.now(timezone.utc):%Y-%m-%d})")
         calibration = self._with_sets(calibration, incidents, cause_f, symptom_f)
         if save and incidents:
@@ -194,20 +210,32 @@ class Calibrator:
 
     def fit_sets(self, voters: list[Incident], features: LeaveOneOut, calibration: Calibration) -> Calibration:
         """The prediction sets fitted anew on these incidents, the weights kept as they are."""
-        incidents, cause_f, symptom_f = self._left_out(voters, features)
-        return self._with_sets(calibration, incidents, cause_f, symptom_f)
+        return self._with_sets(calibration, *self._fitting(*self._left_out(voters, features)))
 
     @staticmethod
-    def _with_sets(calibration: Calibration, incidents: list[Incident], cause_f: list[LabelFeatures],
+    def _fitting(incidents: list[Incident], cause_f: list[LabelFeatures], symptom_f: list[LabelFeatures]):
+        """The left-out incidents and features kept for fitting (``fitting_rows``)."""
+        rows = fitting_rows(incidents)
+        return [incidents[n] for n in rows], [cause_f[n] for n in rows], [symptom_f[n] for n in rows]
+
+    @staticmethod
+    def _kind(incidents: list[Incident]) -> str:
+        written = any(i.source == BUNDLED_SOURCE for i in incidents)
+        return "incidents" if written else "real incidents"
+
+    def _with_sets(self, calibration: Calibration, incidents: list[Incident], cause_f: list[LabelFeatures],
                    symptom_f: list[LabelFeatures]) -> Calibration:
         weights = [CONFIRMED_SET_WEIGHT if i.provenance == Provenance.confirmed else 1.0 for i in incidents]
         with_symptom = [n for n, i in enumerate(incidents) if i.symptom]
         confirmed = sum(i.provenance == Provenance.confirmed for i in incidents)
+        rankings = [predict(f, calibration.root_cause) for f in cause_f]
+        truths = [i.root_cause for i in incidents]
         return calibration.model_copy(update={
-            "root_cause_set": SetCalibration.fit([predict(f, calibration.root_cause) for f in cause_f],
-                                                 [i.root_cause for i in incidents], weights),
+            "root_cause_set": SetCalibration.fit(rankings, truths, weights),
+            "owner": OwnerCalibration.fit(rankings, truths, self.kb.taxonomy.dimension_of),
             "symptom_set": SetCalibration.fit([predict(symptom_f[n], calibration.symptom) for n in with_symptom],
                                               [incidents[n].symptom for n in with_symptom],
                                               [weights[n] for n in with_symptom]),
-            "sets_fitted_on": f"left-out scores of {len(incidents)} labelled incidents ({confirmed} confirmed, "
+            "sets_fitted_on": f"left-out scores of {len(incidents)} labelled {self._kind(incidents)} "
+                              f"({confirmed} confirmed, "
                               f"weighing {CONFIRMED_SET_WEIGHT:g} each) ({datetime.now(timezone.utc):%Y-%m-%d})"})

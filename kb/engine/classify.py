@@ -26,6 +26,7 @@ from kb.core.incidents import vote_weight
 from kb.core.suggestion import Evidence, SimilarIncident
 from kb.engine.conformal import SetCalibration
 from kb.engine.evidence import evidence_scores
+from kb.engine.owner import OwnerCalibration
 
 FEATURES = ("evidence", "vote", "taxonomy", "nearest", "prior", "text", "reading")
 BOUNDS = {"evidence": (0, 10), "vote": (0, 20), "taxonomy": (0, 5), "nearest": (0, 20), "prior": (0, 3),
@@ -64,6 +65,8 @@ class Calibration(BaseModel):
     root_cause_set: SetCalibration | None = None
     symptom_set: SetCalibration | None = None
     sets_fitted_on: str | None = None
+    # The owner's probability and whether it was right, on the same left-out scores (kb/engine/owner.py).
+    owner: OwnerCalibration | None = None
 
     def save(self, path: Path) -> None:
         """Write as JSON."""

@@ -52,7 +52,7 @@ class SentenceTransformerEmbedder:
 
     def __init__(self, model: str, device: str = "auto", batch_size: int = 64,
                  query_prefix: str = "", document_prefix: str = "", cache: Path = DEFAULT_MODEL_CACHE,
-                 onnx_queries: bool = True):
+                 onnx_queries: bool = True, dtype: str = "float32"):
         self.model_id = f"sentence-transformers:{model}"
         self._spec = model
         self._cache = cache
@@ -63,6 +63,7 @@ class SentenceTransformerEmbedder:
         self._model = None
         self._onnx = None  # the query encoder on ONNX Runtime, when an export of the model exists
         self._onnx_queries = onnx_queries  # off: no export is looked for or made
+        self._dtype = dtype  # the weights' number format when loaded with torch
         self._onnx_checked = False
 
     @functools.cached_property
@@ -90,6 +91,8 @@ class SentenceTransformerEmbedder:
             return False
         if (onnx_query.export_dir(self.model_dir, self._cache) / "manifest.json").exists():
             return True
+        if self._dtype != "float32":  # an export is made from the float32 weights only
+            return False
         return onnx_query.export(self.model, self.model_dir, self._cache) is not None
 
     @property
@@ -102,17 +105,17 @@ class SentenceTransformerEmbedder:
             os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
             os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            import torch
             from sentence_transformers import SentenceTransformer
 
             device = self._device
             if device == "auto":
-                import torch
-
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            self._model = SentenceTransformer(str(self.model_dir), device=device)
+            self._model = SentenceTransformer(str(self.model_dir), device=device,
+                                              model_kwargs={"dtype": getattr(torch, self._dtype)})
             from kb.engine import onnx_query
 
-            if self._onnx_queries:
+            if self._onnx_queries and self._dtype == "float32":  # the export is of the float32 weights
                 onnx_query.export(self._model, self.model_dir, self._cache)
         return self._model
 
@@ -197,4 +200,4 @@ def make_embedder(settings: Settings) -> Embedder:
         raise ValueError(f"Embedder {settings.embedder!r} is not supported. "
                          f"Available: {', '.join(EMBEDDERS)}") from None
     return cls(settings.embedding_model, device=settings.embedding_device, cache=settings.model_cache,
-               onnx_queries=settings.onnx_queries)
+               onnx_queries=settings.onnx_queries, dtype=settings.embedding_dtype)

@@ -23,6 +23,7 @@ from kb.core.suggestion import (
     EmptyTicket,
     Evidence,
     NodeHistory,
+    Owner,
     SimilarIncident,
     Suggestion,
     Ticket,
@@ -37,6 +38,7 @@ from kb.engine.evidence import find_evidence, find_suspect, load_signatures
 from kb.engine.history import node_history
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import low_utilisation_hints, rank_mitigations, wants_low_utilisation_hints
+from kb.engine.owner import owner_first, owner_masses
 from kb.engine.readings import Reader, reading_feature
 from kb.engine.remediate import plan_for
 from kb.engine.search import VotingRetriever
@@ -290,17 +292,21 @@ class SuggestionEngine:
         if text_log_proba is None:
             text_log_proba = self._text_log_proba(snapshot, prepared.query, vector)
         reader = self.reader(snapshot)
+        prose_vector = vector
         if prepared.prose is not None and reader is not None:  # readings from the reporter's words only
-            text_log_proba = {**text_log_proba, **{kind: clf.log_proba([prepared.prose], vector[None, :])[0]
+            prose_vector = self.kb.embedder.embed_query(prepared.prose)
+            text_log_proba = {**text_log_proba, **{kind: clf.log_proba([prepared.prose], prose_vector[None, :])[0]
                                                    for kind, clf in reader.classifiers.items()}}
         evidence = find_evidence(prepared.text, self.signatures)
         similar = self.retriever.retrieve_similar(prepared.query, k=self.settings.neighbours, query_vector=vector,
                                                   exclude=exclude, dense=dense)
         cause_f, symptom_f = self._features(snapshot, vector, similar, evidence, text_log_proba)
         causes = predict(cause_f, self.calibration.root_cause)
-        readings = (reader.read(prepared.prose or prepared.text, vector, text_log_proba)
+        readings = (reader.read(prepared.prose or prepared.text, prose_vector, text_log_proba)
                     if reader is not None else [])
         causes, answered = self._settle(snapshot, causes, readings, prepared.ticket.close_call_answer)
+        if answered is None:  # an answered close call decides the owner itself
+            causes = owner_first(causes, self.kb.taxonomy.dimension_of)
         return Ranked(evidence, similar, causes, predict(symptom_f, self.calibration.symptom), readings, answered)
 
     def _settle(self, snapshot: CorpusSnapshot, causes: list[tuple[str, float]], readings: list[Reading],
@@ -319,6 +325,16 @@ class SuggestionEngine:
         if not self.settle_close_calls:
             return causes, None
         return settle(causes, question, self.close_calls, readings, self._answer_odds(snapshot))
+
+    def _owner(self, causes: list[tuple[str, float]]) -> Owner:
+        """The top cause's dimension with its probability, labelled when that reaches the threshold
+        fitted for ``settings.owner_precision``."""
+        dimension = self.kb.taxonomy.dimension_of(causes[0][0])
+        confidence = owner_masses(causes, self.kb.taxonomy.dimension_of).get(dimension, 0.0)
+        fitted, precision = self.calibration.owner, self.settings.owner_precision
+        return Owner(dimension=dimension, confidence=round(confidence, 4),
+                     labelled=fitted is not None and confidence >= fitted.threshold(precision),
+                     precision=precision if fitted is not None else None)
 
     def _answer_odds(self, snapshot: CorpusSnapshot) -> AnswerOdds:
         """How far each ``settled_by`` reading is trusted in this snapshot's knowledge base (computed once)."""
@@ -374,6 +390,7 @@ class SuggestionEngine:
                     if wants_low_utilisation_hints(tax, symptoms[0][0], evidence) else [])
         sets = prediction_sets(self.calibration, tax, self.close_calls, self.settings.set_alpha, causes, symptoms,
                                self.settings.label_alpha)
+        sets["owner"] = self._owner(causes)
         if answered is not None and (sets.get("close_call") is None or set(sets["close_call"].causes) == set(
                 answered.causes)):
             sets["close_call"] = answered  # the question the ticket answered, with the words that did

@@ -16,7 +16,6 @@ from kb.core.suggestion import (
     Candidate,
     Suggestion,
     labelling,
-    labelling_set,
     set_labelling,
 )
 from kb.engine.conformal import SetCalibration
@@ -46,7 +45,7 @@ def set_figures(cases: list[Case], preds: list[Suggestion]) -> dict | None:
     for c, p in pairs:
         kind = labelling(p)
         right = (p.root_cause == c.root_cause if kind == CAUSE_LABEL
-                 else labelling_set(p)[0].dimension == c.dimension if kind == DIMENSION_LABEL else None)
+                 else p.root_cause_dimension == c.dimension if kind == DIMENSION_LABEL else None)
         kinds[kind].append(right)
     return {
         "n": len(pairs), "level": pairs[0][1].set_level, "coverage": float(covered.mean()),
@@ -79,8 +78,8 @@ def format_sets(sets: dict) -> list[str]:
     lines += [f"| symptom coverage / mean size | {sets['symptom_coverage']:.3f} / {sets['symptom_mean_size']:.2f} |",
               "", f"| bot writes (labels follow the {sets['label_level']:.2f} set) | share of tickets | precision |",
               "|---|---|---|"]
-    names = {CAUSE_LABEL: "cause label (set of one)", DIMENSION_LABEL: "dimension label (set in one dimension)",
-             COMMENT_ONLY: "comment only"}
+    names = {CAUSE_LABEL: "cause label (set of one)",
+             DIMENSION_LABEL: "dimension label (set in one dimension, or a sure owner)", COMMENT_ONLY: "comment only"}
     lines += [f"| {names[kind]} | {row['share']:.3f} | " + ("-" if kind == COMMENT_ONLY else f"{row['precision']:.3f}")
               + " |" for kind, row in sets["bot"].items()]
     return lines

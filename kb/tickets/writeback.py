@@ -24,7 +24,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from kb.core.abstain import TOO_LITTLE_ADVICE, TOO_LITTLE_TEXT
 from kb.core.settings import Settings
-from kb.core.suggestion import CAUSE_LABEL, DIMENSION_LABEL, Suggestion, labelling, labelling_set
+from kb.core.suggestion import CAUSE_LABEL, DIMENSION_LABEL, Suggestion, labelling
 from kb.tickets.api import TicketRef, TicketSystem, WriteBackError, ticket_api
 from kb.tickets.markup import inert, inert_code, thread_link
 from kb.tickets.outbox import OutboxTicketSystem
@@ -49,13 +49,13 @@ _ADDED_LINE = re.compile(r"^(?:<!-- |\{\{)pmkb:added((?: (?:rc|dim|symptom):[A-Z
 def suggestion_labels(s: Suggestion) -> list[str]:
     """The labels the suggestion is sure of (``labelling``): cause, dimension and symptom when its
     prediction set holds one cause; the dimension (and the symptom when its set holds one) when the
-    set's causes share a dimension; none otherwise."""
+    set's causes share a dimension or the owner is sure; none otherwise."""
     kind = labelling(s)
     symptom = [f"symptom:{s.symptom}"] if len(s.symptom_set) <= 1 else []
     if kind == CAUSE_LABEL:
         return [f"rc:{s.root_cause}", f"dim:{s.root_cause_dimension}", f"symptom:{s.symptom}"]
     if kind == DIMENSION_LABEL:
-        return [f"dim:{labelling_set(s)[0].dimension}", *symptom]
+        return [f"dim:{s.root_cause_dimension}", *symptom]
     return []
 
 
@@ -101,6 +101,10 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
         lines.append(f"{bold('To decide:')} {text(s.close_call.question, 400)} "
                      f"{code(first)}: {text(s.close_call.answers[first], 300)} "
                      f"{code(second)}: {text(s.close_call.answers[second], 300)}")
+    if s.owner:
+        lines.append(f"{bold('Owner:')} {text(s.owner.dimension, 40)} {s.owner.confidence:.0%}"
+                     + (f" (sure enough to label: right {s.owner.precision:.0%} of the time at this probability)"
+                        if s.owner.labelled and s.owner.precision else ""))
     for r in s.readings:
         read = f"{bold(r.kind.capitalize() + ':')} {text(r.name, 60)} {r.confidence:.0%}"
         read += f', from "{text(r.span, 160)}"' if r.span else ""
