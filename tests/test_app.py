@@ -121,7 +121,10 @@ def test_a_ticket_shows_the_engines_root_cause_with_evidence_highlighted(app_hom
     text = markdown(at)
     assert f"### {escape_markdown(expected.root_cause_name)}" in text
     assert abs(at.progress[0].value - expected.root_cause_confidence * 100) <= 1
-    assert "Next candidates" in text and "Retry safe" in text
+    others = (f"One of these {len(expected.root_cause_set)} causes" if len(expected.root_cause_set) > 1
+              else "Next candidates")  # the prediction set lists the other causes when it has them
+    assert others in text and "Retry safe" in text
+    assert "**Owner:** :" in text and f"[{expected.owner.dimension}] {expected.owner.confidence:.0%}" in text
     assert "gpu\\-h100\\-0417" in text  # the suspect node
     assert "#### Mitigations" in text and "#### Evidence" in text
     assert not at.warning  # not abstained

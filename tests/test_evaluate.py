@@ -179,3 +179,28 @@ def test_confusion_rows_put_the_most_frequent_first_then_the_first_seen():
     assert list(table) == ["buggy_code", "gpu_lost"]
     assert list(table["gpu_lost"].items()) == [("nic_failure", 2), ("disk_failure", 2), ("buggy_code", 2)]
     assert confusion([], []) == {}
+
+
+def test_the_lever_table_switches_one_lever_at_a_time(shared_bundled_kb):
+    from kb.engine.owner import owner_masses
+    from kb.jobs.owner_eval import LEVER_FIGURES, format_owner, levers, without_owner_first
+
+    cases = load_cases(LABELLED)
+    engine = SuggestionEngine(shared_bundled_kb)
+    dimension_of = shared_bundled_kb.taxonomy.dimension_of
+    ranked = engine.cause_rankings([c.ticket for c in cases])
+    plain = without_owner_first(engine)
+    for case, ranking, probable in zip(cases, ranked, plain.cause_rankings([c.ticket for c in cases])):
+        masses = owner_masses(ranking, dimension_of)
+        owner = engine.suggest(case.ticket)
+        if owner.close_call is None or not owner.close_call.answered:  # an answered close call decides itself
+            assert owner.root_cause_dimension == max(masses, key=masses.__getitem__)
+        top = plain.suggest(case.ticket)
+        if top.collective is None and (top.close_call is None or not top.close_call.answered):
+            assert top.root_cause == probable[0][0] == max(probable, key=lambda c: c[1])[0]
+    result = evaluate(engine, cases)
+    rows = levers(engine, cases, lambda e: [e.suggest(c.ticket) for c in cases], result, with_sources=False)
+    assert list(rows) == ["everything", "no scope/change readings", "top cause whatever its owner"]
+    assert all(0 <= row[k] <= 1 for row in rows.values() for k in LEVER_FIGURES if not math.isnan(row[k]))
+    assert rows["everything"]["top1"] == result["figures"]["top1"]
+    assert "| top cause whatever its owner |" in "\n".join(format_owner({**result, "levers": rows}))

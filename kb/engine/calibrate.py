@@ -85,6 +85,7 @@ class Calibrator:
     def __init__(self, kb: KnowledgeBase):
         self.kb = kb
         self.settings = kb.settings
+        self.real_only = True  # fit on the real incidents once there are enough (``fitting_rows``); False: on all
 
     @property
     def calibration_path(self) -> Path:
@@ -212,10 +213,9 @@ class Calibrator:
         """The prediction sets fitted anew on these incidents, the weights kept as they are."""
         return self._with_sets(calibration, *self._fitting(*self._left_out(voters, features)))
 
-    @staticmethod
-    def _fitting(incidents: list[Incident], cause_f: list[LabelFeatures], symptom_f: list[LabelFeatures]):
+    def _fitting(self, incidents: list[Incident], cause_f: list[LabelFeatures], symptom_f: list[LabelFeatures]):
         """The left-out incidents and features kept for fitting (``fitting_rows``)."""
-        rows = fitting_rows(incidents)
+        rows = fitting_rows(incidents) if self.real_only else range(len(incidents))
         return [incidents[n] for n in rows], [cause_f[n] for n in rows], [symptom_f[n] for n in rows]
 
     @staticmethod

@@ -103,6 +103,7 @@ class SuggestionEngine:
         self._calibration = calibration
         self.snapshots = Snapshots(self.retriever, kb, self.calibrator, refit_in_background)
         self.settle_close_calls = True  # a close call the ticket's readings answer moves the ranking
+        self.owner_decides = True  # the most probable dimension's best cause is suggested (kb/engine/owner.py)
         self._odds: tuple[list[Incident], AnswerOdds] | None = None
 
     @cached_property
@@ -270,8 +271,9 @@ class SuggestionEngine:
         return out
 
     def cause_rankings(self, tickets: list[Ticket | Incident]) -> list[list[tuple[str, float]]]:
-        """Every root cause with its probability, best first, for each ticket (batched as
-        ``suggest_batch``): what the prediction sets at any level are cut from."""
+        """Every root cause with its probability, best first (the owner's best cause first, see
+        ``_ranked``), for each ticket (batched as ``suggest_batch``): what the prediction sets at any
+        level are cut from."""
         snapshot = self.snapshot()
         prepared = [self.prepare(ticket) for ticket in tickets]
         return [self._ranked(snapshot, p, vector, dense=pool, text_log_proba=text).causes
@@ -305,7 +307,7 @@ class SuggestionEngine:
         readings = (reader.read(prepared.prose or prepared.text, prose_vector, text_log_proba)
                     if reader is not None else [])
         causes, answered = self._settle(snapshot, causes, readings, prepared.ticket.close_call_answer)
-        if answered is None:  # an answered close call decides the owner itself
+        if answered is None and self.owner_decides:  # an answered close call decides the owner itself
             causes = owner_first(causes, self.kb.taxonomy.dimension_of)
         return Ranked(evidence, similar, causes, predict(symptom_f, self.calibration.symptom), readings, answered)
 

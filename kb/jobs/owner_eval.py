@@ -76,6 +76,22 @@ def without_readings(engine: SuggestionEngine) -> SuggestionEngine:
     return other
 
 
+def without_owner_first(engine: SuggestionEngine) -> SuggestionEngine:
+    """The same engine suggesting the most probable cause, whatever its dimension's probability."""
+    other = SuggestionEngine(engine.kb, engine.retriever, calibration=engine.calibration)
+    other.owner_decides = False
+    return other
+
+
+def fitted_on_every_report(engine: SuggestionEngine) -> SuggestionEngine:
+    """The same knowledge base with weights and sets fitted on every labelled report, the written
+    ones included (minutes: every incident is scored left out again)."""
+    other = SuggestionEngine(engine.kb, engine.retriever)
+    other.calibrator.real_only = False
+    other.fit_calibration(save=False)
+    return other
+
+
 def subset_engine(engine: SuggestionEngine, keep: Callable, home: Path) -> SuggestionEngine:
     """An engine over a new knowledge base of the bundled reports that ``keep`` accepts, with its
     own fitted weights (the embedding model shared)."""
@@ -90,13 +106,16 @@ def subset_engine(engine: SuggestionEngine, keep: Callable, home: Path) -> Sugge
 def levers(engine: SuggestionEngine, cases: list[Case], run: Callable[[SuggestionEngine], list[Suggestion]],
            evaluated: dict, with_sources: bool = True) -> dict[str, dict[str, float]]:
     """The lever table: the engine as ``evaluated`` (``evaluate``'s result on these cases), with the
-    readings off and, with ``with_sources``, against the written reports alone and the public ones
-    alone (each fitted anew; minutes)."""
+    readings off, suggesting the top cause whatever its owner and, with ``with_sources``, with weights
+    fitted on every report and against the written reports alone and the public ones alone (each
+    fitted anew; minutes)."""
     figures = evaluated["figures"]
     everything = {key: figures[key] for key in ("top1", "top3", "dimension", "mitigation")}
     everything["platform_top1"] = evaluated["per_dimension"].get("platform", {}).get("top1", float("nan"))
-    rows = {"everything": everything, "no scope/change readings": lever_row(cases, run(without_readings(engine)))}
+    rows = {"everything": everything, "no scope/change readings": lever_row(cases, run(without_readings(engine))),
+            "top cause whatever its owner": lever_row(cases, run(without_owner_first(engine)))}
     if with_sources:
+        rows["weights fitted on every report"] = lever_row(cases, run(fitted_on_every_report(engine)))
         with tempfile.TemporaryDirectory(prefix="pmkb-levers-") as tmp:
             for name, keep in (("written reports only", lambda i: i.source == BUNDLED_SOURCE),
                                ("public reports only", lambda i: i.source != BUNDLED_SOURCE)):
