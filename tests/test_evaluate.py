@@ -204,3 +204,25 @@ def test_the_lever_table_switches_one_lever_at_a_time(shared_bundled_kb):
     assert all(0 <= row[k] <= 1 for row in rows.values() for k in LEVER_FIGURES if not math.isnan(row[k]))
     assert rows["everything"]["top1"] == result["figures"]["top1"]
     assert "| top cause whatever its owner |" in "\n".join(format_owner({**result, "levers": rows}))
+
+
+def test_the_owner_sweep_counts_the_owner_labels_each_wanted_precision_gives():
+    from kb.core.suggestion import Owner
+    from kb.engine.owner import OwnerCalibration
+    from kb.jobs.owner_eval import format_owner, owner_sweep
+
+    calibration = OwnerCalibration(confidences=[0.9 - n * 0.005 for n in range(100)],
+                                   correct=[n < 60 or n % 2 == 1 for n in range(100)])
+    cases = [_case("system_defect", "platform"), _case("gpu_lost", "hardware"), _case("buggy_code", "user")]
+    preds = []
+    for (cause, dim), confidence in zip([("system_defect", "platform"), ("buggy_code", "user"),
+                                         ("buggy_code", "user")], (0.85, 0.8, 0.2)):
+        pred = _pred(cause, dim)
+        pred.owner = Owner(dimension=dim, confidence=confidence)
+        preds.append(pred)
+    rows = {row["wanted"]: row for row in owner_sweep(cases, preds, calibration, (0.99, 0.8))}
+    assert rows[0.99]["threshold"] == pytest.approx(0.9 - 59 * 0.005)  # the first 60 are all right
+    assert rows[0.99]["fitted_share"] == pytest.approx(0.6)
+    assert rows[0.99]["share"] == pytest.approx(2 / 3) and rows[0.99]["precision"] == pytest.approx(0.5)
+    assert rows[0.8]["threshold"] < rows[0.99]["threshold"] and rows[0.8]["fitted_share"] > 0.6
+    assert "| owner label: wanted precision |" in "\n".join(format_owner({"owner_sweep": list(rows.values())}))

@@ -25,7 +25,7 @@ from kb.engine.classify import expected_calibration_error, neighbour_votes
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.suggest import SuggestionEngine
 from kb.jobs.automation import Item, automation_figures
-from kb.jobs.owner_eval import format_owner, per_dimension, settled_figures
+from kb.jobs.owner_eval import format_owner, owner_sweep, per_dimension, settled_figures
 from kb.jobs.set_eval import format_sets, format_sweep, level_sweep, set_figures
 
 
@@ -219,6 +219,8 @@ def evaluate(engine: SuggestionEngine, cases: list[Case],
     if set_calibration is not None:
         rankings = engine.cause_rankings([case.ticket for case in cases])
         result["level_sweep"] = level_sweep(cases, preds, rankings, set_calibration, engine.kb.taxonomy)
+    if engine.calibration.owner is not None:
+        result["owner_sweep"] = owner_sweep(cases, preds, engine.calibration.owner)
     return {**result,
             "llm_failed": sum(1 for p in preds if p.trace.get("llm_failed")),
             "predictions": [{"id": c.ticket.id, "truth": c.root_cause, "predicted": p.root_cause,

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kb.core.abstain import TOO_LITTLE_TEXT
 from kb.core.suggestion import Suggestion
 from kb.engine.history import BUNDLED_SOURCE
 from kb.engine.knowledge import KnowledgeBase
+from kb.engine.owner import OwnerCalibration
 from kb.engine.suggest import SuggestionEngine
 
 if TYPE_CHECKING:
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 
 LEVER_FIGURES = ("top1", "top3", "dimension", "mitigation", "platform_top1")
 """The figures the lever table compares."""
+OWNER_PRECISIONS = (0.95, 0.9, 0.85, 0.8, 0.7)
+"""The wanted precisions ``owner_sweep`` reports, to choose ``owner_precision`` by."""
 
 
 def per_dimension(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[str, float]]:
@@ -53,6 +57,21 @@ def settled_figures(cases: list[Case], preds: list[Suggestion]) -> dict:
         "settled_accepted": sum(p.close_call.answered in {c.root_cause, *c.alt_root_causes} for c, p in settled),
         "truth_in_pair": sum(c.root_cause in p.close_call.causes for c, p in settled),
     }
+
+
+def owner_sweep(cases: list[Case], preds: list[Suggestion], calibration: OwnerCalibration,
+                precisions: tuple[float, ...] = OWNER_PRECISIONS) -> list[dict[str, float]]:
+    """For each wanted precision: the threshold fitted for it, the share of the knowledge base's
+    left-out incidents it labels, and the share of these tickets it labels and how often rightly."""
+    rows = []
+    for precision in precisions:
+        tau = calibration.threshold(precision)
+        labelled = [p.owner.dimension == c.dimension for c, p in zip(cases, preds)
+                    if p.owner is not None and p.owner.confidence >= tau and p.abstain_reason != TOO_LITTLE_TEXT]
+        rows.append({"wanted": precision, "threshold": tau, "fitted_share": calibration.labelled_share(precision),
+                     "share": len(labelled) / len(cases) if cases else 0.0,
+                     "precision": float(np.mean(labelled)) if labelled else float("nan")})
+    return rows
 
 
 def lever_row(cases: list[Case], preds: list[Suggestion]) -> dict[str, float]:
@@ -134,6 +153,11 @@ def format_owner(result: dict) -> list[str]:
                       f"{settled['settled']}, of which the answered cause is the expert's {settled['settled_right']} "
                       f"(or an accepted alternative {settled['settled_accepted']}; the expert's cause was one of the "
                       f"two in {settled['truth_in_pair']})"]
+    if result.get("owner_sweep"):
+        lines += ["", "| owner label: wanted precision | threshold | left-out incidents labelled | tickets labelled "
+                      "| precision |", "|---|---|---|---|---|"]
+        lines += [f"| {row['wanted']:.2f} | {row['threshold']:.3f} | {row['fitted_share']:.3f} | {row['share']:.3f} | "
+                  f"{row['precision']:.3f} |" for row in result["owner_sweep"]]
     if result.get("levers"):
         lines += ["", "| lever | top-1 | top-3 | dimension | mitigation | platform top-1 |",
                   "|---|---|---|---|---|---|"]
