@@ -33,6 +33,7 @@ def measure(spec: str, dtype: str, documents: list[str], queries: list[str], dev
 
     embedder = SentenceTransformerEmbedder(spec, device=device, dtype=dtype, onnx_queries=dtype == "float32")
     embedder.embed_query("warm up")
+    embedder.embed_documents(["warm up"])  # loads the model on torch (queries may run on its ONNX export)
     started = time.perf_counter()
     vectors = embedder.embed_documents(documents)
     per_second = len(documents) / (time.perf_counter() - started)
