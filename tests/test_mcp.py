@@ -78,6 +78,8 @@ async def exercise(session, cli_suggestion: dict) -> None:
     assert without_trace(result.structured_content) == without_trace(cli_suggestion)
     assert json.loads(result.content[0].text)["root_cause"] == cli_suggestion["root_cause"]
     assert result.structured_content["node_history"]["total"] == 2
+    owner = result.structured_content["owner"]  # who owns the ticket, as on the card
+    assert owner["dimension"] == result.structured_content["root_cause_dimension"] and 0 < owner["confidence"] <= 1
 
     result = await session.call_tool("search", {"query": "GPU has fallen off the bus", "k": 3,
                                                 "dimension": "hardware"})
