@@ -34,11 +34,19 @@ def owner_masses(causes: list[tuple[str, float]], dimension_of: Callable[[str], 
     return masses
 
 
+def most_probable_owner(causes: list[tuple[str, float]],
+                        dimension_of: Callable[[str], str | None]) -> tuple[str, float] | None:
+    """The dimension whose causes hold the most probability, with that probability (None: no cause
+    has a dimension)."""
+    masses = owner_masses(causes, dimension_of)
+    return max(masses.items(), key=lambda item: item[1]) if masses else None
+
+
 def owner_first(causes: list[tuple[str, float]], dimension_of: Callable[[str], str | None]) -> list[tuple[str, float]]:
     """The ranking with the most probable cause of the most probable dimension first, the others in
     their order (unchanged when the top cause already belongs to that dimension)."""
-    masses = owner_masses(causes, dimension_of)
-    if not masses or dimension_of(causes[0][0]) == (owner := max(masses, key=masses.__getitem__)):
+    found = most_probable_owner(causes, dimension_of)
+    if found is None or dimension_of(causes[0][0]) == (owner := found[0]):
         return causes
     at = next(n for n, (cause, _) in enumerate(causes) if dimension_of(cause) == owner)
     return [causes[at], *causes[:at], *causes[at + 1:]]
@@ -59,11 +67,10 @@ class OwnerCalibration(BaseModel):
         """From plain rankings (best first) and the true causes."""
         confidences, correct = [], []
         for ranked, truth in zip(rankings, truths):
-            masses = owner_masses(ranked, dimension_of)
-            if masses and dimension_of(truth) is not None:
-                owner = max(masses, key=masses.__getitem__)
-                confidences.append(round(masses[owner], 6))
-                correct.append(owner == dimension_of(truth))
+            found = most_probable_owner(ranked, dimension_of)
+            if found is not None and dimension_of(truth) is not None:
+                confidences.append(round(found[1], 6))
+                correct.append(found[0] == dimension_of(truth))
         return cls(confidences=confidences, correct=correct)
 
     def threshold(self, precision: float) -> float:
