@@ -56,6 +56,11 @@ class Serving:
         self.server.should_exit = True
         self.thread.join(30)
 
+    def all_in_hand(self, count: int) -> bool:
+        """Whether ``count`` connections are open and every one has a request in hand."""
+        connections = list(self.server.server_state.connections)
+        return len(connections) == count and all(c._waiting_since is None for c in connections)
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -142,8 +147,11 @@ def test_when_every_connection_has_a_request_in_hand_a_new_one_is_refused_with_5
         async def flood():
             async with httpx.AsyncClient(base_url=served.url, timeout=10,
                                          limits=httpx.Limits(max_connections=40)) as client:
-                busy = [asyncio.create_task(client.get("/slow")) for _ in range(16)]
-                await asyncio.sleep(0.5)
+                busy = [asyncio.create_task(client.get("/slow?4")) for _ in range(16)]
+                deadline = time.monotonic() + 10
+                while not served.all_in_hand(16):  # no connection still waiting to send its request
+                    assert time.monotonic() < deadline, "the 16 requests never were all in hand"
+                    await asyncio.sleep(0.05)
                 refused = await client.get("/healthz")
                 return refused, await asyncio.gather(*busy)
 
