@@ -10,6 +10,7 @@ import pytest
 from kb.core.settings import Settings
 from kb.engine.embedding import SentenceTransformerEmbedder
 from kb.engine.knowledge import KnowledgeBase
+from kb.engine.suggest import SuggestionEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -60,8 +61,12 @@ def empty_kb(tmp_path, embedder) -> KnowledgeBase:
 
 @pytest.fixture(scope="session")
 def _built_kb_dir(tmp_path_factory, embedder) -> Path:
+    """The bundled knowledge base, built once, with its text classifiers fitted and cached: every
+    copy made of it answers without fitting them again."""
     home = tmp_path_factory.mktemp("bundled") / "kb"
-    KnowledgeBase(make_settings(home), embedder=embedder).ensure_built()
+    kb = KnowledgeBase(make_settings(home), embedder=embedder)
+    kb.ensure_built()
+    SuggestionEngine(kb).snapshot()
     return home
 
 

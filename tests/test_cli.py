@@ -1,6 +1,7 @@
 """The pmkb command line end to end, in subprocesses, on a temporary knowledge base."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -58,21 +59,23 @@ def test_node_lists_the_earlier_incidents_naming_it(tmp_path):
     assert "no incident" in pmkb("node", "gpu-q99", home=tmp_path).stdout
 
 
-def test_search_suggest_and_annotate(tmp_path):
+def test_search_suggest_and_annotate(tmp_path, _built_kb_dir):
+    home = tmp_path / "kb"  # a copy of the session's bundled knowledge base: built and fitted once
+    shutil.copytree(_built_kb_dir, home)
     hits = json.loads(pmkb("search", "NCCL watchdog timeout after InfiniBand port flap", "--json", "-k", "5",
-                           home=tmp_path).stdout)
+                           home=home).stdout)
     assert len(hits) == 5 and hits[0]["score"] >= hits[-1]["score"]
     assert any(h["root_cause"] in {"infiniband_failure", "network_switch_cable", "nic_failure"} for h in hits)
-    card = pmkb("suggest", "Xid 79 GPU has fallen off the bus on node gpu-a3", home=tmp_path).stdout
+    card = pmkb("suggest", "Xid 79 GPU has fallen off the bus on node gpu-a3", home=home).stdout
     assert "gpu_lost" in card and "mitigations:" in card
-    vague = pmkb("suggest", "job failed, please take a look", home=tmp_path).stdout
+    vague = pmkb("suggest", "job failed, please take a look", home=home).stdout
     assert vague.startswith("NOT SURE") and "says too little" in vague
     tickets = tmp_path / "in.jsonl"
     tickets.write_text("\n".join(json.dumps({"id": f"t{n}", "title": t, "description": d, "root_cause": "x"})
                                  for n, (t, d) in enumerate([("OOM", "Exit Code: 137 OOMKilled"),
                                                              ("import", "No module named 'apex'")])))
     out = tmp_path / "out.jsonl"
-    pmkb("annotate", str(tickets), "--out", str(out), home=tmp_path)
+    pmkb("annotate", str(tickets), "--out", str(out), home=home)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["t0", "t1"]
     required = {"id", "symptom", "symptom_confidence", "root_cause", "root_cause_dimension",
