@@ -143,11 +143,10 @@ def wait_finished(service, event_id: int, timeout: float = 60.0):
 
 
 @pytest.fixture(scope="module")
-def kb_home(tmp_path_factory, _built_kb_dir, embedder) -> Path:
-    """A copy of the bundled knowledge base with its classifier fitted."""
+def kb_home(tmp_path_factory, _built_kb_dir) -> Path:
+    """A copy of the bundled knowledge base (its text classifiers fitted once, by the session)."""
     home = tmp_path_factory.mktemp("serve") / "kb"
     shutil.copytree(_built_kb_dir, home)
-    SuggestionEngine(KnowledgeBase(make_settings(home), embedder=embedder)).calibration
     return home
 
 
