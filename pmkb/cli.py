@@ -451,6 +451,7 @@ def calibrate(
 ) -> None:
     """Refit the classifier weights and the prediction sets on the knowledge base (after adding many
     incidents, or confirming many suggestions)."""
+    from kb.engine.crossval import format_left_out
     from kb.engine.suggest import SuggestionEngine
 
     engine = SuggestionEngine(open_kb())
@@ -462,6 +463,8 @@ def calibrate(
     typer.echo(f"fitted on {cal.fitted_on}: log loss {cal.log_loss}; prediction sets on {cal.sets_fitted_on}: "
                f"cause set threshold at {1 - engine.settings.set_alpha:.0%}: "
                f"{sets.threshold(engine.settings.set_alpha) if sets else 'none'}")
+    if cal.left_out is not None and not sets_only:
+        typer.echo("\n" + format_left_out(cal.left_out))
 
 
 @app.command()

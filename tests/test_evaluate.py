@@ -137,6 +137,9 @@ def test_evaluate_and_kfold_on_labelled_tickets(shared_bundled_kb, empty_kb):
     rows = result["level_sweep"]  # nested sets: lower levels cover less and label more
     assert all(a["coverage"] >= b["coverage"] and a["cause_labels"] <= b["cause_labels"] for a, b in zip(rows, rows[1:]))
     assert "| set level | coverage | mean size | cause labels" in format_report(result, "t")
+    # Beside the tickets' figures, the weights' own on the knowledge base's incidents scored as unseen.
+    left_out = result["knowledge_base_left_out"]
+    assert left_out["n"] > 1000 and f"| all | {left_out['n']} | {left_out['top1']:.3f} |" in format_report(result, "t")
     # Folds over a small knowledge base (the taxonomy alone): each fold copies it and adds the other fold.
     empty_kb.sync_taxonomy()
     kfold = evaluate_kfold(empty_kb, cases, folds=2)

@@ -21,6 +21,7 @@ from kb.core.incidents import Incident, Provenance
 from kb.core.readings import KINDS, ReadingLabel, ReadingsError, ReadingVocabulary, load_labels, load_vocabulary
 from kb.engine.classify import Calibration, LabelFeatures, fit_weights, predict
 from kb.engine.conformal import SetCalibration
+from kb.engine.crossval import cross_validate
 from kb.engine.history import BUNDLED_SOURCE
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.owner import OwnerCalibration
@@ -204,7 +205,8 @@ class Calibrator:
                                   embedding_model=self.kb.embedder.model_id,
                                   fitted_on=f"leave-one-out over {len(incidents)} labelled {self._kind(incidents)} "
                                             f"({datetime.now(timezone.utc):%Y-%m-%d})")
-        calibration = self._with_sets(calibration, incidents, cause_f, symptom_f)
+        calibration = self._with_sets(calibration, incidents, cause_f, symptom_f).model_copy(update={
+            "left_out": cross_validate(cause_f, [i.root_cause for i in incidents], self.kb.taxonomy.dimension_of)})
         if save and incidents:
             calibration.save(self.calibration_path)
         return calibration

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from kb.core.incidents import vote_weight
 from kb.core.suggestion import Evidence, SimilarIncident
 from kb.engine.conformal import SetCalibration
+from kb.engine.crossval import LeftOutFigures
 from kb.engine.evidence import evidence_scores
 from kb.engine.owner import OwnerCalibration
 
@@ -67,6 +68,8 @@ class Calibration(BaseModel):
     sets_fitted_on: str | None = None
     # The owner's probability and whether it was right, on the same left-out scores (kb/engine/owner.py).
     owner: OwnerCalibration | None = None
+    # The ranking's figures on the same incidents, the weights fitted on the other folds (kb/engine/crossval.py).
+    left_out: LeftOutFigures | None = None
 
     def save(self, path: Path) -> None:
         """Write as JSON."""

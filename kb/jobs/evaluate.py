@@ -22,6 +22,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 from kb.core.incidents import Incident
 from kb.core.suggestion import Suggestion, Ticket
 from kb.engine.classify import expected_calibration_error, neighbour_votes
+from kb.engine.crossval import LeftOutFigures, format_left_out
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.suggest import SuggestionEngine
 from kb.jobs.automation import Item, automation_figures
@@ -246,6 +247,9 @@ def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]
     reference = second_expert(cases, lambda cause: tax.dimension_of(cause) if cause in tax.cause_ids else None)
     if reference:
         result["second_expert"] = reference
+    left_out = engine.calibration.left_out
+    if left_out is not None:
+        result["knowledge_base_left_out"] = left_out.model_dump()
     return result
 
 
@@ -332,6 +336,8 @@ def format_report(result: dict, title: str) -> str:
               f"{base['neighbour_vote']['macro_f1']:.3f} |",
               f"| pmkb engine | {result['figures']['top1']:.3f} | {result['figures']['macro_f1']:.3f} |"]
     lines += format_owner(result)
+    if "knowledge_base_left_out" in result:
+        lines += ["", format_left_out(LeftOutFigures(**result["knowledge_base_left_out"]))]
     if "risk_coverage" in result:
         lines += ["", "| abstain below | coverage | precision |", "|---|---|---|"]
         lines += [f"| {row['threshold']:.1f} | {row['coverage']:.3f} | {row['precision']:.3f} |"
