@@ -37,6 +37,22 @@ def test_an_informative_feature_scores_high_and_noise_scores_near_chance():
     assert set(informative.per_dimension) == {"alpha", "beta"}
 
 
+def test_the_readings_lever_refits_without_the_reading_feature():
+    """When the readings are what tells the causes apart, the figures without them fall to chance;
+    when another feature does, they stay."""
+    samples, truths = _samples(400, 0.9)
+    reading, read = FEATURES.index("reading"), []
+    for f in samples:  # the informative first column swapped into the reading feature's place
+        matrix = f.matrix.copy()
+        matrix[:, [0, reading]] = f.matrix[:, [reading, 0]]
+        read.append(LabelFeatures(f.labels, matrix))
+    by_readings = cross_validate(read, truths, DIMENSION.get)
+    assert by_readings.top1 > 0.85 and by_readings.without_readings.top1 < 0.4
+    by_evidence = cross_validate(samples, truths, DIMENSION.get)
+    assert abs(by_evidence.without_readings.top1 - by_evidence.top1) < 0.03
+    assert by_evidence.without_readings.without_readings is None
+
+
 def test_every_incident_is_scored_by_weights_fitted_without_it():
     """Incidents that lie about their label cannot teach their own fold: with half the folds
     swapped, figures fall, where weights fitted on everything would have learnt the swap."""

@@ -49,13 +49,16 @@ class LeftOutFigures(BaseModel):
     dimension: float
     ece: float  # expected calibration error of the suggested cause's probability
     per_dimension: dict[str, DimensionFigures]
+    # The same with the scope/change reading feature left out and the weights refitted: what the readings add.
+    without_readings: LeftOutFigures | None = None
 
 
 def cross_validate(samples: list[LabelFeatures], truths: list[str], dimension_of: Callable[[str], str | None],
-                   folds: int = FOLDS, seed: int = SEED) -> LeftOutFigures | None:
+                   folds: int = FOLDS, seed: int = SEED, with_levers: bool = True) -> LeftOutFigures | None:
     """Figures of ``samples`` ranked by weights fitted on the other folds, the owner first as the
-    engine suggests; None when there are fewer incidents than folds."""
-    from kb.engine.classify import expected_calibration_error, fit_weights, predict  # classify keeps these figures
+    engine suggests, and (``with_levers``) the same without the readings; None when there are
+    fewer incidents than folds."""
+    from kb.engine.classify import FEATURES, LabelFeatures, expected_calibration_error, fit_weights, predict
 
     usable = [(f, t) for f, t in zip(samples, truths) if t in f.labels]
     if len(usable) < folds:
@@ -75,10 +78,17 @@ def cross_validate(samples: list[LabelFeatures], truths: list[str], dimension_of
                 "dimension": round(float(np.mean([s[3] for s in group])), 4)}
 
     dimensions = sorted({s[0] for s in scored if s[0] is not None})
+    without = None
+    if with_levers:
+        reading = FEATURES.index("reading")
+        unread = [LabelFeatures(f.labels, np.where(np.arange(f.matrix.shape[1]) == reading, 0.0, f.matrix))
+                  for f, _ in usable]
+        without = cross_validate(unread, [t for _, t in usable], dimension_of, folds, seed, with_levers=False)
     return LeftOutFigures(
         folds=folds, **figures(scored),
         ece=round(expected_calibration_error([s[4] for s in scored], [s[1] for s in scored]), 4),
-        per_dimension={d: DimensionFigures(**figures([s for s in scored if s[0] == d])) for d in dimensions})
+        per_dimension={d: DimensionFigures(**figures([s for s in scored if s[0] == d])) for d in dimensions},
+        without_readings=without)
 
 
 def format_left_out(figures: LeftOutFigures) -> str:
@@ -90,4 +100,7 @@ def format_left_out(figures: LeftOutFigures) -> str:
                for d, g in figures.per_dimension.items()),
              f"| all | {figures.n} | {figures.top1:.3f} | {figures.top3:.3f} | {figures.dimension:.3f} |",
              "", f"ECE of the suggested cause: {figures.ece:.3f}"]
+    if (off := figures.without_readings) is not None:
+        lines.append(f"without the scope/change readings (weights refitted): top-1 {off.top1:.3f}, "
+                     f"top-3 {off.top3:.3f}, dimension {off.dimension:.3f}")
     return "\n".join(lines)
