@@ -53,13 +53,28 @@ def test_the_readings_lever_refits_without_the_reading_feature():
     assert by_evidence.without_readings.without_readings is None
 
 
-def test_every_incident_is_scored_by_weights_fitted_without_it():
-    """Incidents that lie about their label cannot teach their own fold: with half the folds
-    swapped, figures fall, where weights fitted on everything would have learnt the swap."""
-    samples, truths = _samples(400, 0.95)
-    swapped = [LabelFeatures(f.labels, -f.matrix) if n % 2 else f for n, f in enumerate(samples)]
-    figures = cross_validate(swapped, truths, DIMENSION.get)
-    assert figures.top1 < cross_validate(samples, truths, DIMENSION.get).top1 - 0.2
+def test_every_incident_is_scored_once_by_weights_fitted_without_it(monkeypatch):
+    import kb.engine.classify as classify
+
+    fitted_on: list[set[int]] = []
+    scored_by: dict[int, list[int]] = {}
+    fit, predict = classify.fit_weights, classify.predict
+
+    def spy_fit(samples, truths, *args, **kwargs):
+        fitted_on.append({id(s) for s in samples})
+        return fit(samples, truths, *args, **kwargs)
+
+    def spy_predict(features, weights):
+        scored_by.setdefault(id(features), []).append(len(fitted_on) - 1)
+        return predict(features, weights)
+
+    monkeypatch.setattr(classify, "fit_weights", spy_fit)
+    monkeypatch.setattr(classify, "predict", spy_predict)
+    samples, truths = _samples(100, 0.9)
+    cross_validate(samples, truths, DIMENSION.get, with_levers=False)
+    assert len(fitted_on) == 5 and all(len(fold) == 80 for fold in fitted_on)
+    assert sorted(scored_by) == sorted(map(id, samples))
+    assert all(len(fits) == 1 and sample not in fitted_on[fits[0]] for sample, fits in scored_by.items())
 
 
 def test_the_suggested_cause_is_the_owners_best():
