@@ -80,9 +80,11 @@ def cross_validate(samples: list[LabelFeatures], truths: list[str], dimension_of
     dimensions = sorted({s[0] for s in scored if s[0] is not None})
     without = None
     if with_levers:
-        reading = FEATURES.index("reading")
-        unread = [LabelFeatures(f.labels, np.where(np.arange(f.matrix.shape[1]) == reading, 0.0, f.matrix))
-                  for f, _ in usable]
+        unread = []
+        for f, _ in usable:
+            matrix = f.matrix.copy()
+            matrix[:, FEATURES.index("reading")] = 0.0
+            unread.append(LabelFeatures(f.labels, matrix))
         without = cross_validate(unread, [t for _, t in usable], dimension_of, folds, seed, with_levers=False)
     return LeftOutFigures(
         folds=folds, **figures(scored),
