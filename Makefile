@@ -9,7 +9,7 @@ MPNET := $(VENV)/.mpnet-installed
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF
 PORT ?= 8501
 
-.PHONY: run test test-fast setup setup-llm setup-mpnet build chromium slurm bench clean
+.PHONY: run test test-deps test-fast setup setup-llm setup-mpnet build chromium slurm bench clean
 
 $(CORE): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,7 +51,16 @@ run: build
 	$(BIN)/python -m ui.serve --server.port $(PORT) --server.headless true \
 		--browser.gatherUsageStats false
 
-test: $(DEV) $(LLM) chromium slurm
+# What `make test` needs: the apt packages install while pip installs and compiles (they share
+# no lock), then the two apt targets run one after the other (they share dpkg's).
+test-deps:
+	@$(MAKE) --no-print-directory chromium slurm & apt=$$!; \
+	$(MAKE) --no-print-directory $(DEV) $(LLM); pip=$$?; \
+	wait $$apt; apt=$$?; \
+	test $$pip -eq 0 || { echo "make test-deps: the pip installs failed (see above)"; exit 1; }; \
+	test $$apt -eq 0 || { echo "make test-deps: apt could not install chromium or slurm (run as root)"; exit 1; }
+
+test: test-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

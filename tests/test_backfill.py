@@ -67,11 +67,15 @@ def output_ids(path: Path) -> list[str]:
 def hashing_home(tmp_path_factory) -> Path:
     """A knowledge base built from the bundled reports with the hashing embedder.
 
-    Default classifier weights are saved as its calibration, so no run spends time fitting them.
+    Default classifier weights are saved as its calibration, and its text classifiers are fitted
+    and cached once, so no run or copy of it spends time fitting either.
     """
     home = tmp_path_factory.mktemp("hashing") / "kb"
-    KnowledgeBase(make_settings(home, embedder="hashing")).ensure_built()
+    kb = KnowledgeBase(make_settings(home, embedder="hashing"))
+    kb.ensure_built()
     Calibration().save(home / "calibration.json")
+    SuggestionEngine(kb).snapshot()
+    kb.store.close()
     return home
 
 
