@@ -9,7 +9,7 @@ MPNET := $(VENV)/.mpnet-installed
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF
 PORT ?= 8501
 
-.PHONY: run test test-deps test-fast setup setup-llm setup-mpnet build chromium slurm bench clean
+.PHONY: run test test-deps test-fast setup setup-llm setup-mpnet build vectors chromium slurm bench clean
 
 $(CORE): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ chromium:
 # A real Slurm for the remediation tests (tests/slurm_cluster.py starts a single-host cluster).
 slurm:
 	@command -v slurmctld >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; }
+
+# After the bundled reports change: their shipped vectors, so a build need not embed them.
+vectors: $(CORE)
+	$(BIN)/python -m kb.engine.shipped_vectors
 
 build: $(CORE)
 	$(BIN)/pmkb build

