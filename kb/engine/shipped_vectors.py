@@ -77,7 +77,7 @@ class ShippedVectors:
 def embed_documents(embedder: Embedder, texts: list[str], shipped: ShippedVectors | None) -> np.ndarray:
     """Document vectors of ``texts``: the shipped ones where text and model match, the embedder's
     for the rest (in one call)."""
-    if shipped is None or shipped.model_id != embedder.model_id:
+    if shipped is None or shipped.model_id != embedder.model_id or not texts:
         return embedder.embed_documents(texts)
     found = [shipped.get(t) for t in texts]
     missing = [n for n, vector in enumerate(found) if vector is None]
