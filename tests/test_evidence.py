@@ -80,3 +80,39 @@ def test_evidence_says_what_it_points_to():
     symptom_only = [e for e in find_evidence("training hangs after epoch 3", SIGNATURES) if e.category is None]
     assert symptom_only, "a symptom-only signature should match a plain hang"
     assert symptom_only[0].points_to == "symptom job_hang"
+
+
+@pytest.mark.parametrize(("pattern", "words"), [
+    (r"\bbus error\b[^\n]{0,120}(?:/dev/shm|shared memory)", ("bus error",)),  # the longer need
+    (r"\b401 Unauthorized\b|\bpermission denied\b", ("401 unauthorized", "permission denied")),
+    (r"(?:GPU )?fallen off the bus", ("fallen off the bus",)),  # an optional part needs nothing
+    (r"(?:ECC )+errors?", ("error",)),
+    (r"Xid[: ]+79", ("xid",)),
+    (r"\bnan\b|loss.*inf", ("nan", "loss")),  # one word from each branch
+    (r"nan|\d+", None),  # a branch with no word: nothing can be skipped
+    (r"(?:x)?\d+", None),
+    (r"naïve bayes", None),  # a non-ASCII letter may fold to an ASCII one
+])
+def test_required_words_are_what_every_match_contains(pattern, words):
+    from kb.engine.prefilter import required_words
+
+    assert required_words(pattern) == words
+
+
+def _every_match(text: str) -> list[tuple[str, int, int]]:
+    """Every signature searched without the word test: what find_evidence must return."""
+    found = [(sig.id, m.start(), m.end()) for sig in SIGNATURES if (m := sig.compiled().search(text))]
+    return sorted(found)
+
+
+def test_skipping_signatures_without_their_words_changes_no_finding():
+    from kb.core.settings import Settings
+    from kb.engine.knowledge import KnowledgeBase
+
+    texts = [i.document() for i in KnowledgeBase(Settings(home=Path("/nonexistent"))).bundled_incidents()]
+    texts += [line for sig in SIGNATURES for line in (*sig.examples, *sig.counter_examples)]
+    texts += ["NCCL WARN NET/IB : Got completion from peer with error 12\n" * 3 + "Xid 79 on gpu-a17",
+              "GPU has fallen off the bus (Xid 79) on gpu-a17: naïve résumé"]  # non-ASCII: searched in full
+    differ = [t[:80] for t in texts if sorted((e.signal, e.start, e.end) for e in find_evidence(t, SIGNATURES))
+              != _every_match(t)]
+    assert differ == [] and len(texts) > 3000

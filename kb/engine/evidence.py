@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kb.core.suggestion import Evidence
 from kb.core.taxonomy import LowUtilTaxonomy, Taxonomy, TaxonomyError
 from kb.core.yamlsafe import load_yaml
+from kb.engine.prefilter import may_match
 
 
 class Signature(BaseModel):
@@ -103,7 +104,10 @@ def _line_around(text: str, start: int, end: int, width: int = 200) -> str:
 def find_evidence(text: str, signatures: list[Signature]) -> list[Evidence]:
     """Every signature that matches the text (first match each), strongest first."""
     found = []
+    lowered = text.lower() if text.isascii() else None  # see kb/engine/prefilter.py
     for sig in signatures:
+        if lowered is not None and not may_match(sig.pattern, lowered):
+            continue
         match = sig.compiled().search(text)
         if not match:
             continue
