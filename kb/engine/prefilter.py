@@ -12,14 +12,9 @@ folding as the regex's; other text is always searched in full.
 from __future__ import annotations
 
 import re
+import re._constants as _c  # the parser pmkb's Python (3.11+) compiles patterns with
+import re._parser as _p
 from functools import lru_cache
-
-try:  # Python 3.11+
-    import re._constants as _c
-    import re._parser as _p
-except ImportError:  # pragma: no cover - older Pythons
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _p  # type: ignore[no-redef]
 
 Need = tuple[str, ...] | None
 """Strings one of which every match contains (lower case), or None when nothing is known."""
