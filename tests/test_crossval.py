@@ -53,6 +53,21 @@ def test_the_readings_lever_refits_without_the_reading_feature():
     assert by_evidence.without_readings.without_readings is None
 
 
+def test_the_expert_readings_lever_puts_the_labelled_readings_in_the_readers_place():
+    """A reader that reads nothing scores near chance; the experts' readings, where they tell the
+    causes apart, score high, and an incident without them keeps the reader's column."""
+    samples, truths = _samples(400, 0.0)
+    experts = [np.where(np.array(LABELS) == t, 2.0, -2.0) if n < 300 else None for n, t in enumerate(truths)]
+    figures = cross_validate(samples, truths, DIMENSION.get, expert_readings=experts)
+    expert = figures.with_expert_readings
+    assert figures.top1 < 0.4 and 0.7 < expert.top1 < 0.9 and expert.n == 400
+    assert expert.with_expert_readings is None and figures.without_readings.with_expert_readings is None
+    assert "with the expert's readings in place of the reader's" in format_left_out(figures)
+    assert cross_validate(samples, truths, DIMENSION.get, expert_readings=[None] * 400).with_expert_readings is None
+    with pytest.raises(ValueError):
+        cross_validate(samples, truths, DIMENSION.get, expert_readings=experts[:10])
+
+
 def test_every_incident_is_scored_once_by_weights_fitted_without_it(monkeypatch):
     import kb.engine.classify as classify
 

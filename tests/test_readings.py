@@ -98,6 +98,26 @@ def test_the_reading_table_says_which_causes_a_value_goes_with():
     assert list(reading_feature({}, table)) == [0.0, 0.0]
 
 
+def test_the_experts_readings_give_the_feature_a_sure_reader_would(tmp_path):
+    """The upper bound of the readings lever (``pmkb calibrate``): each labelled incident's feature
+    from its expert's readings, as if the reader were certain of them; none for an unlabelled one."""
+    from types import SimpleNamespace
+
+    from kb.engine.calibrate import Calibrator
+
+    incidents = [Incident(id=f"o{n}", title="t", root_cause="service_outage") for n in range(30)]
+    incidents += [Incident(id=f"b{n}", title="t", root_cause="buggy_code") for n in range(30)]
+    lines = [json.dumps({"id": i.id, "scope": "whole_cluster" if i.root_cause == "service_outage" else "one_job",
+                         "change": UNKNOWN}) for i in incidents]
+    settings = Settings(home=tmp_path, reading_labels=_write(tmp_path, "\n".join(lines), "labels.jsonl"))
+    calibrator = Calibrator(SimpleNamespace(settings=settings, taxonomy=TAXONOMY))
+    outage, bug = TAXONOMY.cause_ids.index("service_outage"), TAXONOMY.cause_ids.index("buggy_code")
+    unlabelled = Incident(id="new", title="t", root_cause="buggy_code")
+    columns = calibrator.expert_readings(incidents, [incidents[0], incidents[-1], unlabelled])
+    assert columns[0][outage] > 0 > columns[0][bug] and columns[1][bug] > 0 > columns[1][outage]
+    assert columns[2] is None and len(columns[0]) == len(TAXONOMY.cause_ids)
+
+
 def test_sentences_keep_their_offsets():
     text = "Title line\nAll users fail since 9:00; nothing changed on our side. OK"
     pieces = sentences(text)

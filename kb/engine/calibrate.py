@@ -25,7 +25,7 @@ from kb.engine.crossval import cross_validate
 from kb.engine.history import BUNDLED_SOURCE
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.owner import OwnerCalibration
-from kb.engine.readings import reading_spans, reading_truths
+from kb.engine.readings import reading_feature, reading_spans, reading_table, reading_truths
 from kb.engine.textclf import (
     CACHE_FILE,
     TextClassifier,
@@ -206,10 +206,24 @@ class Calibrator:
                                   fitted_on=f"leave-one-out over {len(incidents)} labelled {self._kind(incidents)} "
                                             f"({datetime.now(timezone.utc):%Y-%m-%d})")
         calibration = self._with_sets(calibration, incidents, cause_f, symptom_f).model_copy(update={
-            "left_out": cross_validate(cause_f, [i.root_cause for i in incidents], self.kb.taxonomy.dimension_of)})
+            "left_out": cross_validate(cause_f, [i.root_cause for i in incidents], self.kb.taxonomy.dimension_of,
+                                       expert_readings=self.expert_readings(voters, incidents))})
         if save and incidents:
             calibration.save(self.calibration_path)
         return calibration
+
+    def expert_readings(self, voters: list[Incident], incidents: list[Incident]) -> list[np.ndarray | None] | None:
+        """Each incident's reading feature from its expert-labelled readings, as the reader's is
+        computed from its distributions (None where it has no labels; None when readings are off)."""
+        if self.readings is None:
+            return None
+        vocabulary, labels = self.readings
+        table = reading_table(voters, labels, vocabulary, self.kb.taxonomy.cause_ids)
+
+        def certain(label: ReadingLabel) -> dict[str, np.ndarray]:
+            return {kind: (np.asarray(vocabulary.ids(kind)) == getattr(label, kind)).astype(float) for kind in KINDS}
+
+        return [reading_feature(certain(labels[i.id]), table) if i.id in labels else None for i in incidents]
 
     def fit_sets(self, voters: list[Incident], features: LeaveOneOut, calibration: Calibration) -> Calibration:
         """The prediction sets fitted anew on these incidents, the weights kept as they are."""

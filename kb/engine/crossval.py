@@ -7,6 +7,10 @@ fitted on the other folds. The figures say how the engine reads tickets it has n
 real report of the knowledge base (about 1,900 bundled ones) rather than on a small labelled file,
 so a change can be judged on tickets in general. They leave out what needs more than the features
 (close calls settled from the text, the mitigation): ``pmkb eval`` measures those on tickets.
+
+Two levers are refitted on the same incidents: without the scope/change readings (what the reader
+adds), and with each incident's expert-labelled readings in place of the reader's (the most a
+better reader could add through the readings).
 """
 
 from __future__ import annotations
@@ -51,16 +55,23 @@ class LeftOutFigures(BaseModel):
     per_dimension: dict[str, DimensionFigures]
     # The same with the scope/change reading feature left out and the weights refitted: what the readings add.
     without_readings: LeftOutFigures | None = None
+    # The same with the expert's readings in place of the reader's, weights refitted: what a perfect reader adds.
+    with_expert_readings: LeftOutFigures | None = None
 
 
 def cross_validate(samples: list[LabelFeatures], truths: list[str], dimension_of: Callable[[str], str | None],
-                   folds: int = FOLDS, seed: int = SEED, with_levers: bool = True) -> LeftOutFigures | None:
+                   folds: int = FOLDS, seed: int = SEED, with_levers: bool = True,
+                   expert_readings: list[np.ndarray | None] | None = None) -> LeftOutFigures | None:
     """Figures of ``samples`` ranked by weights fitted on the other folds, the owner first as the
-    engine suggests, and (``with_levers``) the same without the readings; None when there are
-    fewer incidents than folds."""
-    from kb.engine.classify import FEATURES, LabelFeatures, expected_calibration_error, fit_weights, predict
+    engine suggests, and (``with_levers``) the same without the readings and, given
+    ``expert_readings`` (per sample, the reading feature from its expert-labelled readings, None
+    where it has none), with them in place of the reader's; None when there are fewer incidents
+    than folds."""
+    from kb.engine.classify import expected_calibration_error, fit_weights, predict
 
-    usable = [(f, t) for f, t in zip(samples, truths) if t in f.labels]
+    experts = expert_readings if expert_readings is not None else [None] * len(samples)
+    kept = [(f, t, e) for f, t, e in zip(samples, truths, experts, strict=True) if t in f.labels]
+    usable = [(f, t) for f, t, _ in kept]
     if len(usable) < folds:
         return None
     fold = np.random.default_rng(seed).permutation(len(usable)) % folds
@@ -78,19 +89,28 @@ def cross_validate(samples: list[LabelFeatures], truths: list[str], dimension_of
                 "dimension": round(float(np.mean([s[3] for s in group])), 4)}
 
     dimensions = sorted({s[0] for s in scored if s[0] is not None})
-    without = None
+    without = expert = None
     if with_levers:
-        unread = []
-        for f, _ in usable:
-            matrix = f.matrix.copy()
-            matrix[:, FEATURES.index("reading")] = 0.0
-            unread.append(LabelFeatures(f.labels, matrix))
-        without = cross_validate(unread, [t for _, t in usable], dimension_of, folds, seed, with_levers=False)
+        kept_truths = [t for _, t in usable]
+        without = cross_validate([_with_reading(f, 0.0) for f, _ in usable], kept_truths, dimension_of, folds, seed,
+                                 with_levers=False)
+        if any(e is not None for _, _, e in kept):
+            expert = cross_validate([f if e is None else _with_reading(f, e) for f, _, e in kept], kept_truths,
+                                    dimension_of, folds, seed, with_levers=False)
     return LeftOutFigures(
         folds=folds, **figures(scored),
         ece=round(expected_calibration_error([s[4] for s in scored], [s[1] for s in scored]), 4),
         per_dimension={d: DimensionFigures(**figures([s for s in scored if s[0] == d])) for d in dimensions},
-        without_readings=without)
+        without_readings=without, with_expert_readings=expert)
+
+
+def _with_reading(features: LabelFeatures, column: np.ndarray | float) -> LabelFeatures:
+    """The same features with the reading feature's column replaced."""
+    from kb.engine.classify import FEATURES, LabelFeatures
+
+    matrix = features.matrix.copy()
+    matrix[:, FEATURES.index("reading")] = column
+    return LabelFeatures(features.labels, matrix)
 
 
 def format_left_out(figures: LeftOutFigures) -> str:
@@ -105,4 +125,8 @@ def format_left_out(figures: LeftOutFigures) -> str:
     if (off := figures.without_readings) is not None:
         lines.append(f"without the scope/change readings (weights refitted): top-1 {off.top1:.3f}, "
                      f"top-3 {off.top3:.3f}, dimension {off.dimension:.3f}")
+    if (expert := figures.with_expert_readings) is not None:
+        lines.append(f"with the expert's readings in place of the reader's (weights refitted; the most a better "
+                     f"reader adds): top-1 {expert.top1:.3f}, top-3 {expert.top3:.3f}, "
+                     f"dimension {expert.dimension:.3f}")
     return "\n".join(lines)
