@@ -277,13 +277,15 @@ def render_card(s) -> str:
         lines.append(f"  next candidates: {others}" + (f"  (alone in the {s.set_level:.0%} prediction set)"
                                                         if s.root_cause_set else ""))
     if s.close_call and s.close_call.answered:
-        how = f'the ticket says "{s.close_call.answered_by.span}"' if s.close_call.answered_by else "answered"
         lines.append(f"  answered: {s.close_call.question}")
-        lines.append(f"    {how} -> {s.close_call.answered}: {s.close_call.answers[s.close_call.answered]}")
+        lines.append(f"    -> {s.close_call.answered}: {s.close_call.answers[s.close_call.answered]}")
     elif s.close_call:
         first, second = s.close_call.causes
         lines.append(f"  to decide: {s.close_call.question}")
         lines += [f"    {c}: {s.close_call.answers[c]}" for c in (first, second)]
+        if s.close_call.ticket_says:
+            lines.append(f'    the ticket says "{s.close_call.ticket_says.span}", which points to '
+                         f"{s.close_call.ticket_points_to} (check it)")
     if s.owner:
         lines.append(s.owner.describe())
     lines += [r.describe() for r in s.readings]

@@ -136,6 +136,26 @@ def test_the_comment_lists_the_set_and_the_question():
     assert "One of these 2 causes (90%):** `platform_misconfiguration` (platform), `improper_configuration` (user)" in body
     assert "**To decide:** Does every job on the partition fail, or only this user's?" in body
     assert "labels follow the 90% prediction set" in body and "**Labels:** none" in body
+    assert "The ticket says" not in body
+
+
+@pytest.mark.parametrize("system", ["github", "jira"])
+def test_the_comment_quotes_what_the_ticket_says_to_the_question_inert(system):
+    """The quoted words come from the ticket: they are rendered inert, and the question stays open."""
+    from kb.core.readings import Reading
+    from kb.tickets.markup import inert
+
+    says = Reading(kind="scope", id="many_users", name="many users", confidence=0.8,
+                   span="Every user sees it @oncall [x](http://evil.example) <b>now</b>")
+    call = CloseCallQuestion(causes=["platform_misconfiguration", "improper_configuration"], question="Everyone?",
+                             answers={"platform_misconfiguration": "yes", "improper_configuration": "no"},
+                             ticket_points_to="platform_misconfiguration", ticket_says=says)
+    s = make_suggestion(root_cause="platform_misconfiguration", dimension="platform", set_level=0.9, close_call=call,
+                        root_cause_set=_set(("platform_misconfiguration", "platform"), ("improper_configuration", "user")))
+    body = render_comment(s, threshold_note=True, system=system)
+    assert "To decide:" in body and "Answered" not in body
+    assert "The ticket says" in body and "which points to" in body and "platform_misconfiguration" in body
+    assert f'The ticket says "{inert(says.span, system, 160)}"' in body and "http://evil" not in body
 
 
 def _case(truth: str, dimension: str, alternatives: tuple[str, ...] = ()) -> Case:

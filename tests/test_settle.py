@@ -1,5 +1,5 @@
-"""A close call settled by the ticket's own readings, weighed by the knowledge base (kb/engine/settle.py),
-and the close-calls file's ``settled_by`` checked when it is loaded."""
+"""A close call: what the ticket's own readings say to it, weighed by the knowledge base, and the
+engineer's answer (kb/engine/settle.py); the close-calls file's ``settled_by`` checked when it is loaded."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from kb.core.readings import Reading, ReadingLabel
 from kb.core.settings import DATA_DIR
 from kb.core.suggestion import CloseCallQuestion
 from kb.core.taxonomy import load_taxonomy
-from kb.engine.settle import MAX_RATIO, answer_odds, settle
+from kb.engine.settle import ENGINEER_RATIO, answer_odds, settle_by_engineer, ticket_hint
 
 TAXONOMY = load_taxonomy(DATA_DIR / "taxonomy.yaml")
 PAIR = ["improper_permission", "platform_misconfiguration"]
@@ -59,31 +59,57 @@ def test_odds_are_how_much_more_often_a_reading_goes_with_one_cause(tmp_path):
     assert odds[(frozenset(PAIR), "platform_misconfiguration")]["scope:one_team"] == pytest.approx(1.0)
 
 
-def test_a_matching_reading_settles_the_call_and_moves_the_ranking(tmp_path):
+ODDS = {(frozenset(PAIR), "platform_misconfiguration"): {"scope:many_users": 20.0, "scope:one_team": 1.2},
+        (frozenset(PAIR), "improper_permission"): {"scope:one_user": 6.0}}
+
+
+def test_a_sure_reading_the_knowledge_base_bears_out_points_to_its_cause_and_leaves_the_question_open(tmp_path):
     calls = _close_calls(tmp_path, [ENTRY])
-    odds = {(frozenset(PAIR), "platform_misconfiguration"): {"scope:many_users": 20.0, "scope:one_team": 1.2},
-            (frozenset(PAIR), "improper_permission"): {"scope:one_user": 6.0}}
-    causes = [("improper_permission", 0.6), ("platform_misconfiguration", 0.3), ("service_outage", 0.1)]
-    ranked, answered = settle(causes, QUESTION, calls, [_reading("many_users")], odds)
-    assert answered.answered == "platform_misconfiguration" and answered.answered_by.id == "many_users"
-    p = dict(ranked)
-    assert ranked[0][0] == "platform_misconfiguration" and p["service_outage"] == 0.1
-    assert p["platform_misconfiguration"] / p["improper_permission"] == pytest.approx(0.5 * MAX_RATIO)
-    assert sum(p.values()) == pytest.approx(1.0)
+    hinted = ticket_hint(QUESTION, calls, [_reading("many_users")], ODDS)
+    assert hinted.ticket_points_to == "platform_misconfiguration" and hinted.ticket_says.id == "many_users"
+    assert hinted.answered is None and hinted.causes == QUESTION.causes
+    assert ticket_hint(QUESTION, calls, [_reading("one_user")], ODDS).ticket_points_to == "improper_permission"
 
 
 @pytest.mark.parametrize("readings", [
     [_reading("many_users", confidence=0.4)],  # not sure enough
     [_reading("one_team")],  # the knowledge base does not bear this reading out
     [_reading("one_job")],  # not an answer to this question
-    [_reading("many_users"), _reading("one_user", 0.95)],  # answers for both sides: 8 against 6 is no answer
+    [_reading("many_users"), _reading("one_user", 0.95)],  # points to both causes: no answer
 ])
-def test_no_settlement_without_a_sure_reading_the_knowledge_base_bears_out(tmp_path, readings):
-    calls = _close_calls(tmp_path, [ENTRY])
-    odds = {(frozenset(PAIR), "platform_misconfiguration"): {"scope:many_users": 20.0, "scope:one_team": 1.2},
-            (frozenset(PAIR), "improper_permission"): {"scope:one_user": 6.0}}
-    causes = [("improper_permission", 0.6), ("platform_misconfiguration", 0.4)]
-    assert settle(causes, QUESTION, calls, readings, odds) == (causes, None)
+def test_no_hint_without_one_sure_reading_the_knowledge_base_bears_out(tmp_path, readings):
+    assert ticket_hint(QUESTION, _close_calls(tmp_path, [ENTRY]), readings, ODDS) is None
+
+
+def test_the_engineers_answer_moves_the_ranking_and_keeps_the_pairs_share():
+    causes = [("improper_permission", 0.6), ("platform_misconfiguration", 0.3), ("service_outage", 0.1)]
+    ranked, answered = settle_by_engineer(causes, QUESTION, "platform_misconfiguration")
+    p = dict(ranked)
+    assert answered.answered == "platform_misconfiguration" and ranked[0][0] == "platform_misconfiguration"
+    assert p["platform_misconfiguration"] / p["improper_permission"] == pytest.approx(0.5 * ENGINEER_RATIO)
+    assert p["service_outage"] == 0.1 and sum(p.values()) == pytest.approx(1.0)
+    assert settle_by_engineer(causes, QUESTION, "service_outage") == (causes, None)
+
+
+def test_what_the_ticket_says_to_its_close_call_is_shown_and_never_moves_the_ranking(shared_bundled_kb):
+    """The readings already count in the cause model; the hint quotes the words and leaves the
+    question, the ranking and the owner as they were."""
+    from kb.core.suggestion import Ticket
+    from kb.engine.suggest import SuggestionEngine
+
+    ticket = Ticket(title="Permission denied on /shared/datasets since this morning",
+                    description="PermissionError: [Errno 13] Permission denied: '/shared/datasets/imagenet/train' "
+                                "when my job starts. Users in three other teams report the same error. It worked "
+                                "yesterday and nobody changed their jobs.")
+    engine = SuggestionEngine(shared_bundled_kb)
+    hinted = engine.suggest(ticket)
+    engine.hint_close_calls = False
+    plain = engine.suggest(ticket)
+    question = hinted.close_call
+    assert question is not None and question.answered is None and plain.close_call.ticket_points_to is None
+    assert question.ticket_points_to in question.causes and question.ticket_says.span in ticket.text()
+    assert question.ticket_says.kind == "scope" and question.ticket_says.id == "many_users"
+    assert hinted.root_cause_candidates == plain.root_cause_candidates and hinted.owner == plain.owner
 
 
 @pytest.mark.parametrize(("settled_by", "message"), [

@@ -63,6 +63,16 @@ def render_incident(incident: Incident, taxonomy: Taxonomy) -> None:
     st.markdown(md(incident.resolution) or "_not recorded_")
 
 
+def below_threshold(confidence: float, threshold: float) -> tuple[str, str]:
+    """A confidence and the threshold it fell below, as percentages that show the difference
+    (34.7% and 35.0%, where whole percentages would read 35% below 35%)."""
+    for digits in range(3):
+        shown, bar = f"{confidence:.{digits}%}", f"{threshold:.{digits}%}"
+        if shown != bar:
+            break
+    return shown, bar
+
+
 def _verdict(s: Suggestion, threshold: float, taxonomy: Taxonomy) -> None:
     dimension = s.root_cause_dimension
     if s.abstain_reason == TOO_LITTLE_TEXT:
@@ -70,10 +80,11 @@ def _verdict(s: Suggestion, threshold: float, taxonomy: Taxonomy) -> None:
                    f"({md(dimension)}) at {s.root_cause_confidence:.0%}.", icon=":material/help:")
         return
     if s.abstained:
+        shown, bar = below_threshold(s.root_cause_confidence, threshold)
         st.warning(f"**Not sure.** The best guess, {md(s.root_cause_name)} ({md(dimension)}), has "
-                   f"{s.root_cause_confidence:.0%} confidence, below the abstain threshold of "
-                   f"{threshold:.0%}. Read the evidence and similar incidents before acting, and "
-                   "record the real cause below once it is known.", icon=":material/help:")
+                   f"{shown} confidence, below the abstain threshold of {bar}. Read the evidence and "
+                   "similar incidents before acting, and record the real cause below once it is known.",
+                   icon=":material/help:")
         return
     st.caption("Root cause")
     st.markdown(f"### {md(s.root_cause_name)}")
@@ -85,7 +96,7 @@ def _verdict(s: Suggestion, threshold: float, taxonomy: Taxonomy) -> None:
 
 def _prediction_set(s: Suggestion, taxonomy: Taxonomy, on_answer: Callable[[str], None] | None = None) -> None:
     """"One of these N causes (90%)" with each member's dimension, and the question that decides:
-    answered (from the ticket's words or by the engineer), or with a button per answer."""
+    answered by the engineer, or with what the ticket's words say to it and a button per answer."""
     if len(s.root_cause_set) < 2:
         if s.root_cause_set:
             st.caption(f"The {s.set_level:.0%} prediction set holds this cause alone.")
@@ -99,15 +110,16 @@ def _prediction_set(s: Suggestion, taxonomy: Taxonomy, on_answer: Callable[[str]
         return
     first, second = question.causes
     if question.answered:
-        how = (f"the ticket says “{md(question.answered_by.span)}”" if question.answered_by
-               else "you answered")
-        st.success(f"**Answered:** {md(question.question)}\n\n{how}: "
+        st.success(f"**Answered:** {md(question.question)}\n\nyou answered: "
                    f"{md(question.answers.get(question.answered, ''))} → "
                    f"**{md(_name(taxonomy, 'root_cause', question.answered))}**", icon=":material/quiz:")
         return
+    hint = (f"\n\nThe ticket says “{md(question.ticket_says.span)}”, which points to "
+            f"**{md(_name(taxonomy, 'root_cause', question.ticket_points_to))}**: check it and answer."
+            if question.ticket_says else "")
     st.info(f"**To decide:** {md(question.question)}\n\n"
             f"- {md(_name(taxonomy, 'root_cause', first))}: {md(question.answers[first])}\n"
-            f"- {md(_name(taxonomy, 'root_cause', second))}: {md(question.answers[second])}",
+            f"- {md(_name(taxonomy, 'root_cause', second))}: {md(question.answers[second])}{hint}",
             icon=":material/quiz:")
     if on_answer is not None:
         columns = st.columns(2)

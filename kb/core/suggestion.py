@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -172,9 +171,9 @@ class CloseCallQuestion(BaseModel):
     causes: list[str]  # the two causes, the engine's more likely first
     question: str
     answers: dict[str, str]  # cause -> the answer that points to it
-    answered: str | None = None  # the cause the answer points to, when the question is answered
-    answered_by: Reading | None = None  # the reading (and its words) that answered it from the ticket's text
-    answered_from: Literal["ticket", "engineer"] | None = None  # who answered it
+    answered: str | None = None  # the cause the engineer's answer points to, once answered on the page
+    ticket_points_to: str | None = None  # the cause the ticket's own words point to (a hint: it stays open)
+    ticket_says: Reading | None = None  # the reading, with the words, that points there
 
 
 class Suggestion(BaseModel):

@@ -6,7 +6,7 @@ are all a fair test needs but the weights, which are fitted on the same incident
 fitted on the other folds. The figures say how the engine reads tickets it has not seen, on every
 real report of the knowledge base (about 1,900 bundled ones) rather than on a small labelled file,
 so a change can be judged on tickets in general. They leave out what needs more than the features
-(close calls settled from the text, the mitigation): ``pmkb eval`` measures those on tickets.
+(the mitigation): ``pmkb eval`` measures it on tickets.
 
 Two levers are refitted on the same incidents: without the scope/change readings (what the reader
 adds), and with each incident's expert-labelled readings in place of the reader's (the most a
@@ -116,7 +116,7 @@ def _with_reading(features: LabelFeatures, column: np.ndarray | float) -> LabelF
 def format_left_out(figures: LeftOutFigures) -> str:
     """A Markdown table of the figures."""
     lines = [f"the knowledge base's {figures.n} incidents the weights were fitted on, each scored as an unseen ticket "
-             f"(weights fitted on the other {figures.folds - 1} of {figures.folds} folds; no close call settled):", "",
+             f"(weights fitted on the other {figures.folds - 1} of {figures.folds} folds):", "",
              "| true dimension | n | top-1 | top-3 | dimension |", "|---|---|---|---|---|",
              *(f"| {d} | {g.n} | {g.top1:.3f} | {g.top3:.3f} | {g.dimension:.3f} |"
                for d, g in figures.per_dimension.items()),

@@ -1,4 +1,4 @@
-"""The suggestion engine: ticket -> redact -> embed -> retrieve -> evidence -> read -> classify -> settle."""
+"""The suggestion engine: ticket -> redact -> embed -> retrieve -> evidence -> read -> classify -> owner."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from kb.engine.readings import Reader, reading_feature
 from kb.engine.remediate import plan_for
 from kb.engine.search import VotingRetriever
 from kb.engine.sets import close_call, prediction_sets
-from kb.engine.settle import AnswerOdds, answer_odds, settle, settle_by_engineer
+from kb.engine.settle import AnswerOdds, answer_odds, settle_by_engineer, ticket_hint
 from kb.engine.snapshot import CorpusSnapshot, Snapshots
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Ranked(NamedTuple):
     causes: list[tuple[str, float]]  # every root cause, best first
     symptoms: list[tuple[str, float]]
     readings: list[Reading]
-    answered: CloseCallQuestion | None  # the close call the ticket's readings answered, if any
+    answered: CloseCallQuestion | None  # the close call the engineer answered, if any
 
 
 @dataclass
@@ -102,7 +102,7 @@ class SuggestionEngine:
         self.calibrator = Calibrator(kb)
         self._calibration = calibration
         self.snapshots = Snapshots(self.retriever, kb, self.calibrator, refit_in_background)
-        self.settle_close_calls = True  # a close call the ticket's readings answer moves the ranking
+        self.hint_close_calls = True  # a close call shows what the ticket's readings say to it
         self.owner_decides = True  # the most probable dimension's best cause is suggested (kb/engine/owner.py)
         self._odds: tuple[list[Incident], AnswerOdds] | None = None
 
@@ -290,7 +290,7 @@ class SuggestionEngine:
                 exclude: set[str] | None = None, dense: dict[str, float] | None = None,
                 text_log_proba: dict[str, np.ndarray] | None = None) -> Ranked:
         """Evidence, similar incidents, readings and the ranked root causes and symptoms of a
-        prepared ticket; a close call the ticket's own readings answer has already moved the ranking."""
+        prepared ticket; a close call the engineer answered has already moved the ranking."""
         if text_log_proba is None:
             text_log_proba = self._text_log_proba(snapshot, prepared.query, vector)
         reader = self.reader(snapshot)
@@ -306,27 +306,22 @@ class SuggestionEngine:
         causes = predict(cause_f, self.calibration.root_cause)
         readings = (reader.read(prepared.prose or prepared.text, prose_vector, text_log_proba)
                     if reader is not None else [])
-        causes, answered = self._settle(snapshot, causes, readings, prepared.ticket.close_call_answer)
+        causes, answered = self._answered(causes, prepared.ticket.close_call_answer)
         if answered is None and self.owner_decides:  # an answered close call decides the owner itself
             causes = owner_first(causes, self.kb.taxonomy.dimension_of)
         return Ranked(evidence, similar, causes, predict(symptom_f, self.calibration.symptom), readings, answered)
 
-    def _settle(self, snapshot: CorpusSnapshot, causes: list[tuple[str, float]], readings: list[Reading],
-                answer: str | None = None):
-        """The ranking after the engineer's ``answer`` or the ticket's readings answer its close call
-        (``kb.engine.settle``), with the answered question; unchanged and None when neither does."""
+    def _answered(self, causes: list[tuple[str, float]], answer: str | None):
+        """The ranking after the engineer's ``answer`` to its close call (``settle_by_engineer``), with
+        the answered question; unchanged and None without an answer to this ranking's question."""
         set_calibration = self.calibration.root_cause_set
-        if set_calibration is None or not (answer or readings and self.settle_close_calls):
+        if set_calibration is None or not answer:
             return causes, None
         question = close_call(self.kb.taxonomy, self.close_calls, causes,
                               set_calibration.predict(causes, self.settings.set_alpha))
         if question is None:
             return causes, None
-        if answer in question.causes:
-            return settle_by_engineer(causes, question, answer)
-        if not self.settle_close_calls:
-            return causes, None
-        return settle(causes, question, self.close_calls, readings, self._answer_odds(snapshot))
+        return settle_by_engineer(causes, question, answer)
 
     def _owner(self, causes: list[tuple[str, float]]) -> Owner:
         """The top cause's dimension with its probability, labelled when that reaches the threshold
@@ -395,7 +390,10 @@ class SuggestionEngine:
         sets["owner"] = self._owner(causes)
         if answered is not None and (sets.get("close_call") is None or set(sets["close_call"].causes) == set(
                 answered.causes)):
-            sets["close_call"] = answered  # the question the ticket answered, with the words that did
+            sets["close_call"] = answered  # the question the engineer answered
+        elif sets.get("close_call") is not None and self.hint_close_calls:
+            sets["close_call"] = ticket_hint(sets["close_call"], self.close_calls, readings,
+                                             self._answer_odds(snapshot)) or sets["close_call"]
         decision = label_decision(top_p, cause.retry_safe if collective is None else collective.retry_safe,
                                   self.settings.abstain_threshold,
                                   says_too_little(text, bool(evidence), self.settings.min_ticket_words))

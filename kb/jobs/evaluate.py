@@ -26,7 +26,7 @@ from kb.engine.crossval import LeftOutFigures, format_left_out
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.suggest import SuggestionEngine
 from kb.jobs.automation import Item, automation_figures
-from kb.jobs.owner_eval import format_owner, owner_sweep, per_dimension, settled_figures
+from kb.jobs.owner_eval import format_owner, hint_figures, owner_sweep, per_dimension
 from kb.jobs.set_eval import format_sets, format_sweep, level_sweep, set_figures
 
 
@@ -236,7 +236,7 @@ def _result(engine: SuggestionEngine, cases: list[Case], preds: list[Suggestion]
               "confusion": confusion(cases, preds), "symptom_confusion": confusion(cases, preds, "symptom"),
               "per_class": per_class(cases, preds), "risk_coverage": risk_coverage(cases, preds),
               "latency_ms_p50": latencies[len(latencies) // 2]}
-    result |= {"per_dimension": per_dimension(cases, preds), "settled": settled_figures(cases, preds)}
+    result |= {"per_dimension": per_dimension(cases, preds), "close_call_hints": hint_figures(cases, preds)}
     sets = set_figures(cases, preds)
     if sets:
         result["sets"] = sets

@@ -114,8 +114,8 @@ def _close_call_summary(suggestion: Suggestion) -> dict | None:
     if question is None:
         return None
     return {"causes": question.causes, "question": question.question, "answered": question.answered,
-            "answered_from": question.answered_from,
-            "answered_by": question.answered_by.span if question.answered_by else None}
+            "ticket_points_to": question.ticket_points_to,
+            "ticket_says": question.ticket_says.span if question.ticket_says else None}
 
 
 def append_audit(settings: Settings, record: FeedbackRecord) -> Path:

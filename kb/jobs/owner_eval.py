@@ -1,5 +1,5 @@
 """Figures of how the engine decides the owner: accuracy by the truth's dimension, close calls the
-ticket's own text settled (and how often rightly), and what each lever adds (the same tickets with
+ticket's own text points to an answer of (and how often rightly), and what each lever adds (the same tickets with
 the readings switched off, and against knowledge bases of the written or the public reports alone)."""
 
 from __future__ import annotations
@@ -46,16 +46,17 @@ def per_dimension(cases: list[Case], preds: list[Suggestion]) -> dict[str, dict[
     return out
 
 
-def settled_figures(cases: list[Case], preds: list[Suggestion]) -> dict:
-    """How many tickets had a close call, how many the ticket's text settled, and how often the
-    answered cause is the expert's (or an accepted alternative)."""
+def hint_figures(cases: list[Case], preds: list[Suggestion]) -> dict:
+    """How many tickets had a close call, on how many the ticket's text points to an answer, and how
+    often that answer, and the engine's suggestion on the same tickets, is the expert's cause."""
     asked = [(c, p) for c, p in zip(cases, preds) if p.close_call is not None]
-    settled = [(c, p) for c, p in asked if p.close_call.answered]
+    hinted = [(c, p) for c, p in asked if p.close_call.ticket_points_to]
     return {
-        "close_calls": len(asked), "settled": len(settled),
-        "settled_right": sum(p.close_call.answered == c.root_cause for c, p in settled),
-        "settled_accepted": sum(p.close_call.answered in {c.root_cause, *c.alt_root_causes} for c, p in settled),
-        "truth_in_pair": sum(c.root_cause in p.close_call.causes for c, p in settled),
+        "close_calls": len(asked), "hinted": len(hinted),
+        "hint_right": sum(p.close_call.ticket_points_to == c.root_cause for c, p in hinted),
+        "hint_accepted": sum(p.close_call.ticket_points_to in {c.root_cause, *c.alt_root_causes} for c, p in hinted),
+        "hint_agrees": sum(p.close_call.ticket_points_to == p.root_cause for c, p in hinted),
+        "suggestion_right": sum(p.root_cause == c.root_cause for c, p in hinted),
     }
 
 
@@ -86,12 +87,12 @@ def lever_row(cases: list[Case], preds: list[Suggestion]) -> dict[str, float]:
 
 
 def without_readings(engine: SuggestionEngine) -> SuggestionEngine:
-    """The same engine with the readings switched off: no reading feature, no close call settled
-    from the text (the other weights as fitted)."""
+    """The same engine with the readings switched off: no reading feature, no close call pointed to
+    an answer from the text (the other weights as fitted)."""
     calibration = engine.calibration
     off = calibration.model_copy(update={"root_cause": calibration.root_cause.model_copy(update={"reading": 0.0})})
     other = SuggestionEngine(engine.kb, engine.retriever, calibration=off)
-    other.settle_close_calls = False
+    other.hint_close_calls = False
     return other
 
 
@@ -143,16 +144,16 @@ def levers(engine: SuggestionEngine, cases: list[Case], run: Callable[[Suggestio
 
 
 def format_owner(result: dict) -> list[str]:
-    """Table lines: figures by dimension, settled close calls and, when run, the levers."""
+    """Table lines: figures by dimension, close calls the ticket's text speaks to and, when run, the levers."""
     lines = ["", "| true dimension | n | top-1 | top-3 | dimension | mitigation |", "|---|---|---|---|---|---|"]
     lines += [f"| {d} | {r['n']} | {r['top1']:.3f} | {r['top3']:.3f} | {r['dimension']:.3f} | {r['mitigation']:.3f} |"
               for d, r in result.get("per_dimension", {}).items()]
-    settled = result.get("settled")
-    if settled:
-        lines += ["", f"close calls: {settled['close_calls']} tickets; settled from the ticket's text: "
-                      f"{settled['settled']}, of which the answered cause is the expert's {settled['settled_right']} "
-                      f"(or an accepted alternative {settled['settled_accepted']}; the expert's cause was one of the "
-                      f"two in {settled['truth_in_pair']})"]
+    hints = result.get("close_call_hints")
+    if hints:
+        lines += ["", f"close calls: {hints['close_calls']} tickets; the ticket's text points to an answer on "
+                      f"{hints['hinted']}: the expert's cause {hints['hint_right']} times (or an accepted alternative "
+                      f"{hints['hint_accepted']}); it is the suggestion on {hints['hint_agrees']}, and the "
+                      f"suggestion is the expert's cause on {hints['suggestion_right']}"]
     if result.get("owner_sweep"):
         lines += ["", "| owner label: wanted precision | threshold | left-out incidents labelled | tickets labelled "
                       "| precision |", "|---|---|---|---|---|"]

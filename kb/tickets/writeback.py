@@ -92,15 +92,16 @@ def render_comment(suggestion: Suggestion, threshold_note: bool, system: str = "
         lines.append(f"{bold(f'One of these {len(s.root_cause_set)} causes ({s.set_level:.0%}):')} "
                      + ", ".join(f"{code(m.id)} ({m.dimension})" for m in s.root_cause_set))
     if s.close_call and s.close_call.answered:
-        how = (f'the ticket says "{text(s.close_call.answered_by.span, 160)}"' if s.close_call.answered_by
-               else "answered on the page")
-        lines.append(f"{bold('Answered:')} {text(s.close_call.question, 400)} {how} -> "
+        lines.append(f"{bold('Answered:')} {text(s.close_call.question, 400)} answered on the page -> "
                      f"{code(s.close_call.answered)}: {text(s.close_call.answers[s.close_call.answered], 300)}")
     elif s.close_call:
         first, second = s.close_call.causes
         lines.append(f"{bold('To decide:')} {text(s.close_call.question, 400)} "
                      f"{code(first)}: {text(s.close_call.answers[first], 300)} "
                      f"{code(second)}: {text(s.close_call.answers[second], 300)}")
+        if s.close_call.ticket_says:
+            lines.append(f'The ticket says "{text(s.close_call.ticket_says.span, 160)}", which points to '
+                         f"{code(s.close_call.ticket_points_to)} (check it)")
     if s.owner:
         lines.append(f"{bold('Owner:')} {text(s.owner.dimension, 40)} {s.owner.confidence:.0%}"
                      + (f" (sure enough to label: right {s.owner.precision:.0%} of the time at this probability)"
