@@ -14,15 +14,7 @@ from kb.core.readings import KINDS, UNKNOWN, ReadingLabel, ReadingsError, load_l
 from kb.core.settings import DATA_DIR, Settings
 from kb.core.suggestion import Ticket
 from kb.core.taxonomy import load_taxonomy
-from kb.engine.readings import (
-    SAYS_NOTHING,
-    Reader,
-    reading_feature,
-    reading_table,
-    sentence_samples,
-    sentences,
-)
-from kb.engine.textclf import TextClassifier
+from kb.engine.readings import reading_feature, reading_table, sentences
 
 TAXONOMY = load_taxonomy(DATA_DIR / "taxonomy.yaml")
 VOCABULARY = load_vocabulary(DATA_DIR / "readings.yaml", TAXONOMY)
@@ -126,57 +118,6 @@ def test_the_experts_readings_give_the_feature_a_sure_reader_would(tmp_path):
     assert columns[2] is None and len(columns[0]) == len(TAXONOMY.cause_ids)
 
 
-def _words_alone(labels: list[str], samples: dict[str, str]) -> TextClassifier:
-    """A classifier of words alone trained on 20 copies of each (text, label) sample."""
-    texts = [text for text in samples for _ in range(20)]
-    return TextClassifier(labels).fit(texts, np.zeros((len(texts), 0)), [samples[t] for t in texts])
-
-
-SCOPE_READER = {
-    "scope": _words_alone(VOCABULARY.ids("scope"), {"CUDA out of memory in my job": "one_job",
-                                                    "the scheduler is down for everyone": "whole_cluster"}),
-    "scope_sentences": _words_alone([*VOCABULARY.stated_ids("scope"), SAYS_NOTHING],
-                                    {"other teams see the same": "many_users",
-                                     "CUDA out of memory in my job": SAYS_NOTHING,
-                                     "the scheduler is down for everyone": SAYS_NOTHING,
-                                     "it crashed at step 10": SAYS_NOTHING}),
-}
-
-
-def _scope(classifiers: dict, text: str):
-    reader = Reader(VOCABULARY, classifiers)
-    log_probas = {"scope": classifiers["scope"].log_proba([text], np.zeros((1, 0)))[0]}
-    return reader.read(text, np.zeros(0), log_probas)[0]
-
-
-def test_a_sentence_that_states_who_is_affected_outranks_a_ticket_read_as_one_job():
-    text = "CUDA out of memory in my job. It crashed at step 10. Other teams see the same."
-    assert _scope({"scope": SCOPE_READER["scope"]}, text).id == "one_job"  # the ticket as a whole
-    reading = _scope(SCOPE_READER, text)
-    assert reading.id == "many_users" and reading.span == "Other teams see the same."
-    assert text[reading.start:reading.start + len(reading.span)] == reading.span and reading.confidence >= 0.5
-    assert reading.points_to == "platform"
-
-
-def test_a_sure_ticket_reading_of_a_stated_value_is_kept_and_a_ticket_that_states_nothing_keeps_its_own():
-    kept = _scope(SCOPE_READER, "The scheduler is down for everyone. Other teams see the same.")
-    assert kept.id == "whole_cluster" and kept.confidence >= 0.8
-    plain = _scope(SCOPE_READER, "CUDA out of memory in my job. It crashed at step 10.")
-    assert plain.id == "one_job" and plain.span.startswith("CUDA out of memory")
-
-
-def test_sentence_samples_are_the_experts_spans_and_the_other_sentences_as_saying_nothing():
-    incidents = [Incident(id="a", title="Training crashed", description="It crashed at step 10. Other teams see it too."),
-                 Incident(id="b", title="My job fails", description="Loss is NaN."),
-                 Incident(id="c", title="Unlabelled", description="Nobody read this one.")]
-    labels = {"a": ReadingLabel(id="a", scope="many_users", scope_span="Other teams see it too", change=UNKNOWN),
-              "b": ReadingLabel(id="b", scope="one_job", scope_span="My job fails", change=UNKNOWN)}
-    texts, truths = sentence_samples(incidents, labels, VOCABULARY, "scope")
-    assert dict(zip(texts, truths)) == {"Other teams see it too": "many_users", "Training crashed": SAYS_NOTHING,
-                                        "It crashed at step 10.": SAYS_NOTHING, "Loss is NaN.": SAYS_NOTHING}
-    assert "one_job" not in VOCABULARY.stated_ids("scope") and UNKNOWN not in VOCABULARY.stated_ids("change")
-
-
 def test_sentences_keep_their_offsets():
     text = "Title line\nAll users fail since 9:00; nothing changed on our side. OK"
     pieces = sentences(text)
@@ -201,23 +142,6 @@ def test_the_engine_reads_scope_and_change_and_quotes_the_ticket(shared_bundled_
     for r in readings.values():
         assert r.span and r.span in ticket.text() and 0 < r.confidence <= 1
     assert json.loads(suggestion.model_dump_json())["readings"][0]["kind"] == "scope"
-
-
-def test_a_sentence_that_says_nothing_changed_is_read_where_the_ticket_as_a_whole_says_nothing(shared_bundled_kb):
-    from kb.engine.readings import ticket_classifiers
-    from kb.engine.suggest import SuggestionEngine
-
-    engine = SuggestionEngine(shared_bundled_kb)
-    ticket = Ticket(title="Job fails with permission denied on /shared/datasets",
-                    description="My training job fails at startup with PermissionError: [Errno 13] Permission denied: "
-                                "'/shared/datasets/imagenet/train'. It worked last week.")
-    change = {r.kind: r for r in engine.suggest(ticket).readings}["change"]
-    assert change.id == "nothing_changed" and change.span == "It worked last week." and change.confidence >= 0.5
-    snapshot = engine.snapshot()
-    text, vector = ticket.text(), engine.kb.embedder.embed_query(ticket.text())
-    whole = Reader(engine.calibrator.readings[0], ticket_classifiers(snapshot.classifiers))
-    alone = {r.kind: r for r in whole.read(text, vector, engine._text_log_proba(snapshot, text, vector))}
-    assert alone["change"].id != "nothing_changed"  # the ticket-level classifier alone does not read it
 
 
 def test_scope_and_change_are_read_from_the_reporters_words_never_from_the_log(shared_bundled_kb):

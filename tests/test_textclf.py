@@ -14,7 +14,6 @@ import pytest
 from kb.core.settings import Settings
 from kb.core.suggestion import Ticket
 from kb.engine.knowledge import KnowledgeBase
-from kb.engine.readings import ticket_classifiers
 from kb.engine.suggest import SuggestionEngine
 from kb.engine.textclf import (
     CACHE_FILE,
@@ -52,23 +51,20 @@ def test_a_cached_classifier_predicts_exactly_as_the_fitted_one(trained, tmp_pat
     path = tmp_path / CACHE_FILE
     save_classifiers(path, "digest", fitted)
     loaded = load_classifiers(path, "digest")
-    assert loaded is not None and set(loaded) == set(fitted) == {"root_cause", "symptom", "scope", "change",
-                                                                 "scope_sentences", "change_sentences"}
+    assert loaded is not None and set(loaded) == set(fitted) == {"root_cause", "symptom", "scope", "change"}
     incidents, vectors = trained.calibrator.training_set(trained.snapshot().incidents)
     odd = ["", "a", "  spaced \t\n  out  ", "Ünïcödé ＧＰＵ 障害 Xid 79", "x" * 5000, "OOM_kill oom-kill 4242"]
     texts = [TICKET.text()] + [i.text() for i in incidents[:10]] + odd
     vectors = np.vstack([trained.kb.embedder.embed_queries([TICKET.text(), *odd]), vectors[:10]])
     texts = [texts[0], *odd, *texts[1:11]]
-    given = {field: vectors if field in ticket_classifiers(fitted) else vectors[:, :0] for field in fitted}
-    for field, clf in fitted.items():  # a sentence model reads words alone: no embedding columns
+    for field, clf in fitted.items():
         assert clf._model is not None
         # the stored model answers in numpy (no scikit-learn) with scikit-learn's numbers
-        assert np.allclose(loaded[field].log_proba(texts, given[field]), clf.log_proba(texts, given[field]),
-                           atol=1e-9)
+        assert np.allclose(loaded[field].log_proba(texts, vectors), clf.log_proba(texts, vectors), atol=1e-9)
         assert loaded[field].labels == clf.labels
     save_classifiers(tmp_path / "again.npz", "digest", loaded)  # a loaded classifier saves as it was read
     again = load_classifiers(tmp_path / "again.npz", "digest")
-    assert all(np.array_equal(again[f].log_proba(texts, given[f]), loaded[f].log_proba(texts, given[f]))
+    assert all(np.array_equal(again[f].log_proba(texts, vectors), loaded[f].log_proba(texts, vectors))
                for f in fitted)
     assert load_classifiers(path, "another digest") is None  # trained on other data: refit
 

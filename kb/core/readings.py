@@ -39,7 +39,6 @@ class ReadingValue(BaseModel):
     name: str = Field(min_length=1, max_length=80)  # shown on the card
     means: str = Field(min_length=1, max_length=300)  # what a ticket says for this value
     points_to: str | None = None  # the dimension it leans toward (None: neither)
-    from_sentence: bool = True  # one sentence can state it (not so for what a ticket says by saying nothing more)
 
 
 class ReadingVocabulary(BaseModel):
@@ -67,10 +66,6 @@ class ReadingVocabulary(BaseModel):
     def ids(self, kind: str) -> list[str]:
         """The value ids of one reading."""
         return [v.id for v in self.values(kind)]
-
-    def stated_ids(self, kind: str) -> list[str]:
-        """The value ids of one reading that a single sentence can state (never ``unknown``)."""
-        return [v.id for v in self.values(kind) if v.from_sentence and v.id != UNKNOWN]
 
     def value(self, kind: str, value_id: str) -> ReadingValue:
         """One value by id; KeyError names the ones there are."""

@@ -25,16 +25,7 @@ from kb.engine.crossval import cross_validate
 from kb.engine.history import BUNDLED_SOURCE
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.owner import OwnerCalibration
-from kb.engine.readings import (
-    SAYS_NOTHING,
-    SENTENCE_MODEL,
-    SENTENCE_MODEL_SETTINGS,
-    reading_feature,
-    reading_spans,
-    reading_table,
-    reading_truths,
-    sentence_samples,
-)
+from kb.engine.readings import reading_feature, reading_spans, reading_table, reading_truths
 from kb.engine.textclf import (
     CACHE_FILE,
     TextClassifier,
@@ -159,8 +150,8 @@ class Calibrator:
         return [chosen[ids[n]] for n in keep], vectors[keep] if keep else np.zeros((0, 1), np.float32)
 
     def text_classifiers(self, voters: list[Incident], fingerprint: str) -> dict[str, TextClassifier]:
-        """Classifiers for root cause, symptom and the readings, and the readings' sentence models:
-        the cached ones when trained on exactly these incidents, else fitted now (and cached)."""
+        """Classifiers for root cause and symptom: the cached ones when trained on exactly these
+        incidents, else fitted now (and cached)."""
         cached = load_classifiers(self.classifier_cache_path, fingerprint)
         if cached is not None:
             return cached
@@ -168,13 +159,6 @@ class Calibrator:
         texts = [i.text() for i in incidents]
         classifiers = {name: TextClassifier(labels).fit(texts, vectors, *self.training_samples(incidents, name))
                        for name, labels in self.label_sets().items()}
-        if self.readings is not None:
-            vocabulary, labels = self.readings
-            for kind in KINDS:
-                pieces, truths = sentence_samples(incidents, labels, vocabulary, kind)
-                classifiers[SENTENCE_MODEL.format(kind=kind)] = TextClassifier(
-                    [*vocabulary.stated_ids(kind), SAYS_NOTHING], **SENTENCE_MODEL_SETTINGS).fit(
-                    pieces, np.zeros((len(pieces), 0)), truths)
         try:
             save_classifiers(self.classifier_cache_path, fingerprint, classifiers)
         except OSError as exc:  # a read-only knowledge base still answers, it just refits next time

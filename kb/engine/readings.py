@@ -6,16 +6,6 @@ reason count as a second, shorter sample, which teaches the classifier what a de
 looks like. A ticket's reading is the classifier's most probable value; its evidence is the
 sentence of the ticket that the same classifier scores highest for that value.
 
-A ticket-level classifier also learns which words go with which causes: "CUDA out of memory" is
-nearly always one job, so a ticket that says so in its title and "every job on the cluster fails
-the same way" later is read as one job. A second model per reading reads single sentences (its
-words alone: the experts' quoted spans as samples of their value, the tickets' other sentences as
-saying nothing) and states a value when a sentence says it. Its statement replaces the
-ticket-level reading when it is sure (``STATED``) and the ticket-level reading is a value no
-sentence states (one job, not said) or is unsure (``TICKET_SURE``); the reading is then that
-sentence's, shown with it. The reading's distributions that feed the root-cause model stay the
-ticket-level classifier's, on which its weight was fitted.
-
 The readings reach the root-cause model as one feature (``reading_feature``): how much more
 likely each cause is given the ticket's reading distributions than without them, from how
 causes and readings co-occur in the labelled knowledge base.
@@ -36,17 +26,6 @@ SMOOTHING = 20.0
 incidents says little about the cause."""
 MAX_SENTENCES = 60
 """Sentences scored for the evidence span; a long log adds lines, not readings."""
-SAYS_NOTHING = "-"
-"""The sentence models' label of a sentence that states no value (not a valid value id)."""
-SENTENCE_MODEL = "{kind}_sentences"
-"""Name of a reading's sentence model among the text classifiers."""
-SENTENCE_MODEL_SETTINGS = {"strength": 8.0, "word_ngrams": 2}
-"""A sentence model's words and pairs of words, more regularised than a ticket's classifier: a
-sentence has few words, and "worked yesterday" says what neither word says alone."""
-STATED = 0.5
-"""How sure a reading's sentence model must be that a sentence states a value for it to count."""
-TICKET_SURE = 0.8
-"""A ticket-level reading of a stated value at least this sure is kept over a sentence's."""
 _SENTENCE = re.compile(r"[^.!?;\n]+(?:[.!?;]+|$)", re.MULTILINE)
 
 
@@ -94,34 +73,6 @@ def reading_feature(distributions: dict[str, np.ndarray], table: dict[str, np.nd
     return out if out is not None else np.zeros(next(iter(table.values())).shape[1] if table else 0)
 
 
-def sentence_samples(incidents: list[Incident], labels: dict[str, ReadingLabel], vocabulary: ReadingVocabulary,
-                     kind: str) -> tuple[list[str], list[str]]:
-    """(sentences, labels) a reading's sentence model learns from: each expert span of a value a
-    sentence can state, labelled with it, and each other sentence of the labelled tickets as
-    ``SAYS_NOTHING`` (a sentence that holds or is held by the span is left out)."""
-    stated = set(vocabulary.stated_ids(kind))
-    texts, truths = [], []
-    for incident in incidents:
-        label = labels.get(incident.id)
-        if label is None:
-            continue
-        value, span = getattr(label, kind), getattr(label, f"{kind}_span").strip()
-        if span and value in stated:
-            texts.append(span)
-            truths.append(value)
-        for _, piece in sentences(incident.text()):
-            if not (span and (piece.lower() in span.lower() or span.lower() in piece.lower())):
-                texts.append(piece)
-                truths.append(SAYS_NOTHING)
-    return texts, truths
-
-
-def ticket_classifiers(classifiers: dict[str, TextClassifier]) -> dict[str, TextClassifier]:
-    """The classifiers that read a whole ticket (causes, symptoms, readings): all but the sentence models."""
-    sentence_models = {SENTENCE_MODEL.format(kind=kind) for kind in KINDS}
-    return {name: c for name, c in classifiers.items() if name not in sentence_models}
-
-
 def sentences(text: str) -> list[tuple[int, str]]:
     """(start, sentence) pieces of a ticket, cut at sentence ends, semicolons and line breaks."""
     found = []
@@ -140,8 +91,6 @@ class Reader:
     def __init__(self, vocabulary: ReadingVocabulary, classifiers: dict[str, TextClassifier]):
         self.vocabulary = vocabulary
         self.classifiers = {kind: classifiers[kind] for kind in KINDS if kind in classifiers}
-        self.sentence_models = {kind: classifiers[name] for kind in KINDS
-                                if (name := SENTENCE_MODEL.format(kind=kind)) in classifiers}
 
     def distributions(self, log_probas: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Each reading's probability distribution over its values, from the classifiers' output."""
@@ -155,30 +104,11 @@ class Reader:
         for kind, probs in self.distributions(log_probas).items():
             value_ids = self.classifiers[kind].labels
             best = int(np.argmax(probs))
-            value_id, confidence, span, start = value_ids[best], float(probs[best]), "", -1
-            stated = self.stated(kind, pieces)
-            if stated is not None and stated[0] != value_id and (
-                    confidence < TICKET_SURE or value_id not in self.vocabulary.stated_ids(kind)):
-                value_id, confidence, start, span = stated
-            elif value_id != UNKNOWN and pieces:
+            value = self.vocabulary.value(kind, value_ids[best])
+            span, start = "", -1
+            if value.id != UNKNOWN and pieces:
                 scores = self.classifiers[kind].log_proba([p for _, p in pieces], vectors)[:, best]
                 start, span = pieces[int(np.argmax(scores))]
-            value = self.vocabulary.value(kind, value_id)
-            found.append(Reading(kind=kind, id=value.id, name=value.name, confidence=round(confidence, 4),
+            found.append(Reading(kind=kind, id=value.id, name=value.name, confidence=round(float(probs[best]), 4),
                                  span=span[:200], start=start, points_to=value.points_to))
         return found
-
-    def stated(self, kind: str, pieces: list[tuple[int, str]]) -> tuple[str, float, int, str] | None:
-        """(value, probability, start, sentence) of the sentence that most surely states a value of
-        ``kind``; None when no sentence states one at least ``STATED`` sure (or there is no model)."""
-        model = self.sentence_models.get(kind)
-        if model is None or not pieces:
-            return None
-        probs = np.exp(model.log_proba([p for _, p in pieces], np.zeros((len(pieces), 0))))
-        values = [n for n, label in enumerate(model.labels) if label != SAYS_NOTHING]
-        row, column = np.unravel_index(int(np.argmax(probs[:, values])), (len(pieces), len(values)))
-        p = float(probs[row, values[column]])
-        if p < STATED:
-            return None
-        start, sentence = pieces[row]
-        return model.labels[values[column]], p, start, sentence

@@ -39,7 +39,7 @@ from kb.engine.history import node_history
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.mitigate import low_utilisation_hints, rank_mitigations, wants_low_utilisation_hints
 from kb.engine.owner import owner_first, owner_masses
-from kb.engine.readings import Reader, reading_feature, ticket_classifiers
+from kb.engine.readings import Reader, reading_feature
 from kb.engine.remediate import plan_for
 from kb.engine.search import VotingRetriever
 from kb.engine.sets import close_call, prediction_sets
@@ -196,8 +196,7 @@ class SuggestionEngine:
     @staticmethod
     def _text_log_proba(snapshot: CorpusSnapshot, text: str, vector: np.ndarray) -> dict[str, np.ndarray]:
         """Every text classifier's log-probabilities for one text (causes, symptoms, readings)."""
-        return {name: c.log_proba([text], vector[None, :])[0]
-                for name, c in ticket_classifiers(snapshot.classifiers).items()}
+        return {name: c.log_proba([text], vector[None, :])[0] for name, c in snapshot.classifiers.items()}
 
     def _left_out_features(self, snapshot: CorpusSnapshot):
         """The pipeline's features for a labelled incident scored as an unseen ticket."""
@@ -353,7 +352,7 @@ class SuggestionEngine:
         """The text classifiers' log-probabilities for many prepared queries, one call per classifier."""
         if not queries:
             return []
-        classifiers = ticket_classifiers(self.snapshot().classifiers)
+        classifiers = self.snapshot().classifiers
         batch = {field: c.log_proba(queries, np.asarray(vectors)) for field, c in classifiers.items()}
         return [{field: rows[n] for field, rows in batch.items()} for n in range(len(queries))]
 

@@ -25,7 +25,7 @@ from kb.core.text import TOKEN_PATTERN
 log = logging.getLogger(__name__)
 
 MAX_CHAR_FEATURES = 50_000
-MODEL_VERSION = 4  # bump when the features or the model change: cached classifiers are then refitted
+MODEL_VERSION = 3  # bump when the features or the model change: cached classifiers are then refitted
 REPORT_WEIGHT = 0.5
 """Weight of an incident's full report (ticket plus resolution) as an extra training sample. It
 teaches the classifier the words of what was found (a device-plugin bug, a node-image setting),
@@ -37,13 +37,11 @@ LEGACY_CACHE_FILES = ("text_classifiers.pkl",)
 CACHE_FORMAT = 1
 
 
-def _new_vectorizers(word_ngrams: int = 1) -> list:
-    """The word and character TF-IDF vectorizers, unfitted; with ``word_ngrams`` > 1 the words
-    also run of up to that many, each seen in two samples at least."""
+def _new_vectorizers() -> list:
+    """The word and character TF-IDF vectorizers, unfitted."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    words = ({} if word_ngrams == 1 else {"ngram_range": (1, word_ngrams), "min_df": 2})
-    return [TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN, **words),
+    return [TfidfVectorizer(sublinear_tf=True, token_pattern=TOKEN_PATTERN),
             TfidfVectorizer(sublinear_tf=True, analyzer="char_wb", ngram_range=(3, 5), min_df=2,
                             max_features=MAX_CHAR_FEATURES)]
 
@@ -59,8 +57,7 @@ class _StoredModel:
     _tokens = re.compile(TOKEN_PATTERN)
 
     def __init__(self, vocabularies: list[list[str]], idfs: list[np.ndarray], coef: np.ndarray,
-                 intercept: np.ndarray, word_ngrams: int = 1):
-        self.word_ngrams = word_ngrams
+                 intercept: np.ndarray):
         self.index = [dict(zip(terms, range(len(terms)))) for terms in vocabularies]
         self.offsets = [0, len(vocabularies[0])]
         self.idfs, self.coef, self.intercept = idfs, coef, intercept
@@ -79,14 +76,10 @@ class _StoredModel:
 
     @classmethod
     @lru_cache(maxsize=16)
-    def _counted(cls, lowered: str, word_ngrams: int = 1) -> tuple[Counter, Counter]:
-        """The text's word (and word run) and character n-gram counts: one suggestion asks every
-        classifier (causes, symptoms, readings) about the same text, so they are counted once."""
-        tokens = cls._tokens.findall(lowered)
-        words = list(tokens)
-        for n in range(2, min(word_ngrams, len(tokens)) + 1):  # as scikit-learn joins them
-            words += [" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
-        return Counter(words), Counter(cls._char_wb(lowered))
+    def _counted(cls, lowered: str) -> tuple[Counter, Counter]:
+        """The text's word and character n-gram counts: one suggestion asks every classifier
+        (causes, symptoms, readings) about the same text, so they are counted once."""
+        return Counter(cls._tokens.findall(lowered)), Counter(cls._char_wb(lowered))
 
     def _part(self, counted: Counter, part: int) -> tuple[np.ndarray, np.ndarray]:
         index = self.index[part]
@@ -101,7 +94,7 @@ class _StoredModel:
         vectors = np.asarray(vectors, dtype=np.float64)
         scores = vectors @ self.coef[:, self.dense:].T + self.intercept
         for row, text in enumerate(texts):
-            for part, counted in enumerate(self._counted(text.lower(), self.word_ngrams)):
+            for part, counted in enumerate(self._counted(text.lower())):
                 columns, values = self._part(counted, part)
                 scores[row] += self.coef[:, columns] @ values
         if self.coef.shape[0] == 1:  # two classes: one row of coefficients, the logistic function
@@ -113,13 +106,11 @@ class _StoredModel:
 
 
 class TextClassifier:
-    """Predicts a label distribution for a ticket from its words and its embedding (``vectors`` with
-    no columns: from its words alone, as the reader's sentence models do)."""
+    """Predicts a label distribution for a ticket from its words and its embedding."""
 
-    def __init__(self, labels: list[str], strength: float = 32.0, word_ngrams: int = 1):
+    def __init__(self, labels: list[str], strength: float = 32.0):
         self.labels = labels
         self.strength = strength
-        self.word_ngrams = word_ngrams
         self._vectorizers = []
         self._model = None
         self._classes: list[int] = []
@@ -129,7 +120,7 @@ class TextClassifier:
         from scipy.sparse import csr_matrix, hstack
 
         if fit:
-            self._vectorizers = _new_vectorizers(self.word_ngrams)
+            self._vectorizers = _new_vectorizers()
             parts = [v.fit_transform(texts) for v in self._vectorizers]
         else:
             parts = [v.transform(texts) for v in self._vectorizers]
@@ -181,8 +172,7 @@ class TextClassifier:
         """The fitted classifier as plain data: a JSON-safe header and numeric arrays."""
         if isinstance(self._model, _StoredModel):
             return self._state
-        header = {"labels": list(self.labels), "strength": self.strength, "word_ngrams": self.word_ngrams,
-                  "trained": self._model is not None}
+        header = {"labels": list(self.labels), "strength": self.strength, "trained": self._model is not None}
         if self._model is None:
             return header, {}
         header["vocabularies"] = [v.get_feature_names_out().tolist() for v in self._vectorizers]
@@ -198,10 +188,7 @@ class TextClassifier:
         labels = header["labels"]
         if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
             raise ValueError("labels are not a list of names")
-        word_ngrams = header.get("word_ngrams", 1)
-        if not (isinstance(word_ngrams, int) and 1 <= word_ngrams <= 3):
-            raise ValueError(f"word n-grams of {word_ngrams!r} words")
-        clf = cls(labels, float(header["strength"]), word_ngrams)
+        clf = cls(labels, float(header["strength"]))
         if not header["trained"]:
             return clf
         vocabularies = header["vocabularies"]
@@ -215,12 +202,11 @@ class TextClassifier:
                 or not all(0 <= c < len(labels) for c in classes.tolist()):
             raise ValueError("classes do not index the labels")
         rows = 1 if len(classes) == 2 else len(classes)
-        if coef.ndim != 2 or coef.shape[0] != rows or coef.shape[1] < sum(map(len, vocabularies)) \
+        if coef.ndim != 2 or coef.shape[0] != rows or coef.shape[1] <= sum(map(len, vocabularies)) \
                 or intercept.shape != (rows,):
             raise ValueError(f"coefficients of shape {coef.shape} do not fit the vocabularies and classes")
         clf._model = _StoredModel(vocabularies, [np.asarray(i, dtype=np.float64) for i in idfs],
-                                  np.asarray(coef, dtype=np.float64), np.asarray(intercept, dtype=np.float64),
-                                  word_ngrams)
+                                  np.asarray(coef, dtype=np.float64), np.asarray(intercept, dtype=np.float64))
         clf._classes = classes.tolist()
         clf._state = (header, arrays)
         return clf
