@@ -10,12 +10,10 @@ worth acting on, the question carries the cause the ticket points to and the wor
 (``ticket_hint``); the card quotes them beside the question.
 
 That hint does not move the ranking. The readings already count in the root-cause model (the
-reading feature, kb/engine/readings.py), and counting them again was measured to hurt: on the
-1,921 public reports of the bundled knowledge base, each scored as an unseen ticket, moving the
-pair's odds by the reading's ratio answered 275 close calls and lowered top-1 by 14 reports;
-where the ticket's answer disagreed with the engine's choice (74 reports), the answer was the
-expert's cause 9 times and the engine's choice 37. Only the engineer's answer, checked on the
-cluster, moves the ranking (``settle_by_engineer``).
+reading feature, kb/engine/readings.py); counting them again in the pair's odds was measured to
+lower top-1 and the owner on the knowledge base's own reports (docs/readings.md, "What the ticket
+says to a close call"). Only the engineer's answer, checked on the cluster, moves the ranking
+(``settle_by_engineer``).
 """
 
 from __future__ import annotations
