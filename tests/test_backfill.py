@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import shutil
 import signal
@@ -35,7 +34,7 @@ from kb.jobs.backfill import (
 )
 from kb.llm.backends import ResponseCache, make_generator
 from kb.llm.suggester import LLMSuggester, make_suggester
-from tests.conftest import ROOT, make_settings
+from tests.conftest import ROOT, command_env, make_settings
 
 BUNDLED = sorted((ROOT / "data" / "incidents").glob("*.jsonl"))
 
@@ -198,7 +197,7 @@ def test_resume_after_kill_9_keeps_each_id_exactly_once(tmp_path, hashing_home):
     out = tmp_path / "out.jsonl"
     command = [sys.executable, "-m", "pmkb", "--kb", str(home), "backfill", str(source), "--out", str(out),
                "--batch-size", "16", "--no-report"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_EMBEDDER": "hashing"}
+    env = command_env() | {"PMKB_EMBEDDER": "hashing"}
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:

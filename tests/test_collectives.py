@@ -19,6 +19,7 @@ import pytest
 from kb.core.collective_logs import read_job
 from kb.core.collective_triage import triage
 from kb.core.rank_logs import RankLogError, rank_from_name, read_sources
+from tests.conftest import command_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "collectives"
@@ -298,7 +299,7 @@ def test_the_terminal_card_shows_the_verdict_on_the_logs_it_is_given(_built_kb_d
 
     home = tmp_path / "kb"
     shutil.copytree(_built_kb_dir, home)  # the module's engine holds the shared store open
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(home)}
+    env = command_env() | {"PMKB_HOME": str(home)}
     done = subprocess.run([sys.executable, "-m", "pmkb", "suggest", "--logs", str(DATA / "gloo-stall-interleaved.log"),
                            "--logs", str(DATA / "gloo-stall-dumps"), "4-rank job hangs at step 3 then dies"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from kb.core.settings import DATA_DIR
+from kb.core.files import per_model_file
+from kb.core.settings import DATA_DIR, DEFAULT_EMBEDDING_MODEL, LIGHT_EMBEDDING_MODEL
 from kb.engine.classify import FEATURES, Calibration, LabelFeatures
 from kb.engine.crossval import cross_validate, format_left_out
 from kb.engine.history import BUNDLED_SOURCE
@@ -119,11 +120,13 @@ def test_the_figures_survive_the_calibration_file_and_print_as_a_table(tmp_path)
     assert f"| all | 200 | {figures.top1:.3f} |" in table and "| alpha |" in table
 
 
-@pytest.mark.skipif(not (DATA_DIR / "calibration.json").exists(), reason="no shipped weights")
-def test_the_shipped_weights_carry_figures_on_every_bundled_real_report():
-    """The shipped calibration was fitted on the bundled data as it is now: its left-out figures
-    count every real (not written) bundled report, so adding reports without refitting fails here."""
-    shipped = Calibration.load(DATA_DIR / "calibration.json")
+@pytest.mark.parametrize("model", [DEFAULT_EMBEDDING_MODEL, LIGHT_EMBEDDING_MODEL])
+def test_the_shipped_weights_carry_figures_on_every_bundled_real_report(model):
+    """Each bundled model's shipped calibration was fitted on the bundled data as it is now: its
+    left-out figures count every real (not written) bundled report, so adding reports without
+    refitting fails here."""
+    shipped = Calibration.load(per_model_file(DATA_DIR / "calibration", f"sentence-transformers:{model}", ".json"))
+    assert shipped is not None, f"no weights ship for {model}: `pmkb calibrate --out` them"
     real = sum(json.loads(line)["source"] != BUNDLED_SOURCE  # a written report's source is pmkb itself
                for path in (DATA_DIR / "incidents").glob("*.jsonl") for line in path.read_text().splitlines())
     assert shipped.left_out is not None and shipped.left_out.n == real

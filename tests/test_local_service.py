@@ -4,7 +4,6 @@ must be to be trusted, and the real service asked by a real command."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import command_env
 from test_server import free_port, wait_until
 
 from kb.core.settings import Settings
@@ -59,7 +59,7 @@ def test_pmkb_suggest_asks_the_running_service_and_answers_itself_once_it_is_gon
     shutil.copytree(_built_kb_dir, home)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
+    env = command_env() | {
         "PMKB_HOME": str(home), "PMKB_API_TOKEN": "local-token", "PMKB_EMBEDDING_DEVICE": "cpu"}
     ticket = "Xid 79: GPU has fallen off the bus on gpu-a17, job 4411 died"
     log = (tmp_path / "serve.log").open("wb")

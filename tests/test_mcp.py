@@ -4,7 +4,6 @@ over streamable HTTP, on a copy of the bundled knowledge base."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 
 from kb.core.incidents import Incident
 from kb.engine.knowledge import KnowledgeBase
-from tests.conftest import ROOT, make_settings
+from tests.conftest import ROOT, command_env, make_settings
 
 XID_79 = {"title": "Xid 79 GPU has fallen off the bus on gpu-a17",
           "description": "Training job 4411 crashed at step 12000. dmesg on gpu-a17: NVRM: Xid (PCI:0000:3b:00): "
@@ -33,7 +32,7 @@ TOOLS = {"suggest", "search", "node_history", "remediation_plan", "taxonomy"}
 
 def child_env(**extra: str) -> dict[str, str]:
     """The test process's environment without PMKB_* settings, on the CPU."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
+    return command_env() | {
         "PMKB_EMBEDDING_DEVICE": "cpu", **extra}
 
 

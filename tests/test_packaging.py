@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
@@ -19,9 +18,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kb.core.settings import DATA_DIR, PROMPTS_DIR, Settings
+from kb.core.files import per_model_file
+from kb.core.settings import DATA_DIR, DEFAULT_EMBEDDING_MODEL, PROMPTS_DIR, Settings
 from pmkb.extras import EXTRA_FOR_MODULE
-from tests.conftest import ROOT
+from tests.conftest import ROOT, command_env
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 FIRST_PARTY = {"kb", "ingest", "pmkb", "ui", "pmkb_data", "pmkb_prompts", "__future__"}
@@ -146,8 +146,11 @@ def test_the_missing_extra_hints_name_real_extras():
 
 def test_bundled_files_are_found_through_importlib_resources():
     defaults = Settings()
-    for path in (defaults.taxonomy, defaults.low_gpu_taxonomy, defaults.signatures, defaults.default_calibration):
+    for path in (defaults.taxonomy, defaults.low_gpu_taxonomy, defaults.signatures):
         assert path.is_file() and path.parent == DATA_DIR
+    model_id = f"sentence-transformers:{DEFAULT_EMBEDDING_MODEL}"
+    for folder, suffix in ((defaults.default_calibration, ".json"), (defaults.bundled_vectors, ".npz")):
+        assert folder.parent == DATA_DIR and per_model_file(folder, model_id, suffix).is_file()
     assert sorted(defaults.bundled_incidents.glob("*.jsonl"))
     assert {p.name for p in PROMPTS_DIR.glob("*.j2")} >= {"suggest.system.j2", "suggest.user.j2"}
 
@@ -189,8 +192,7 @@ def test_the_wheel_installs_and_runs_in_a_clean_virtualenv(tmp_path, _built_kb_d
           source], timeout=300)
     [wheel] = (tmp_path / "dist").glob("pmkb-*.whl")
 
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PMKB_") and k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}}
+    env = {k: v for k, v in command_env().items() if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}}
     env["HOME"] = str(tmp_path / "home")
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", venv], timeout=120, env=env)

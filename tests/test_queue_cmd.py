@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from kb.tickets.queue import EventQueue
+from tests.conftest import command_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pmkb(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(home)}
+    env = command_env() | {"PMKB_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "pmkb", *args], env=env, capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
 

@@ -22,7 +22,7 @@ from kb.core.suggestion import Ticket
 from kb.engine.remediate import TAINT_KEY, decide, plan_for
 from kb.engine.suggest import SuggestionEngine
 from kb.jobs.remediate import AuditLog, KubernetesCluster, apply, undo
-from tests.conftest import ROOT
+from tests.conftest import ROOT, command_env
 
 XID = Ticket(id="OPS-7", title="job 4411 died on gpu-a17",
              description="Training job 4411 crashed at step 12000. dmesg on gpu-a17: NVRM: Xid (PCI:0000:3b:00): 79, "
@@ -279,7 +279,7 @@ def test_a_plain_job_is_suspended_given_the_anti_affinity_and_resumed(xid, kube,
 
 
 def test_remediate_without_a_scheduler_or_with_apply_and_no_policy_says_what_to_give(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(tmp_path)}
+    env = command_env() | {"PMKB_HOME": str(tmp_path)}
     base = [sys.executable, "-m", "pmkb", "remediate", XID.description]
     done = subprocess.run(base, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--scheduler slurm or kubernetes" in done.stderr
@@ -329,7 +329,7 @@ def test_pmkb_remediate_drains_the_node_and_the_requeued_job_runs_elsewhere(slur
     policy.write_text("causes: [gpu_lost]\nmin_confidence: 0.5\nmax_partition_share: 0.5\n")
     ticket = (f"Training crashed at step 12000 (JobId={job} JobState=FAILED). dmesg on {first}: NVRM: Xid "
               f"(PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus. nvidia-smi shows 7 GPUs.")
-    env = {k: v for k, v in slurm.env.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(home)}
+    env = command_env(slurm.env) | {"PMKB_HOME": str(home)}
     remediate = [sys.executable, "-m", "pmkb", "remediate", "--scheduler", "slurm", "--id", "OPS-7", ticket]
 
     dry = subprocess.run(remediate, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
 import shutil
 import signal
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from conftest import make_settings
+from conftest import command_env, make_settings
 from fake_model_server import FakeModelServer, first_choices
 from test_writeback import FakeTicketApi
 
@@ -355,7 +354,7 @@ def test_size_limit_rate_limit_and_query_secret(kb_home, api, embedder, tmp_path
 def test_refuses_to_start_without_secrets(tmp_path):
     assert startup_problems(make_settings(tmp_path), insecure_dev=True) == []
     assert "PMKB_GITHUB_TOKEN" in startup_problems(make_settings(tmp_path, github_webhook_secret="s"), False)[0]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {"PMKB_HOME": str(tmp_path)}
+    env = command_env() | {"PMKB_HOME": str(tmp_path)}
     run = subprocess.run([sys.executable, "-m", "pmkb", "serve", "--port", str(free_port())], env=env,
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode != 0
@@ -363,7 +362,7 @@ def test_refuses_to_start_without_secrets(tmp_path):
 
 
 def start_serve(home: Path, api: FakeTicketApi, port: int) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
+    env = command_env() | {
         "PMKB_HOME": str(home), "PMKB_GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "PMKB_GITHUB_API_URL": api.url,
         "PMKB_GITHUB_TOKEN": "gh-token", "PMKB_QUEUE_BACKOFF": "0.1", "PMKB_EMBEDDING_DEVICE": "cpu"}
     return subprocess.Popen([sys.executable, "-m", "pmkb", "serve", "--host", "127.0.0.1", "--port", str(port)],

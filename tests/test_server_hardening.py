@@ -17,7 +17,7 @@ import time
 
 import httpx
 import pytest
-from conftest import make_settings
+from conftest import command_env, make_settings
 from fake_ticket_api import FakeTicketApi
 from test_server import (
     API_TOKEN,
@@ -286,7 +286,7 @@ def test_pmkb_serve_stays_reachable_through_a_flood_of_slow_connections(kb_home,
     home = tmp_path / "kb"
     shutil.copytree(kb_home, home)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")} | {
+    env = command_env() | {
         "PMKB_HOME": str(home), "PMKB_GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "PMKB_WRITEBACK_OUTBOX":
         str(tmp_path / "outbox.jsonl"), "PMKB_HEADER_TIMEOUT": "3", "PMKB_EMBEDDING_DEVICE": "cpu"}
     errlog = (tmp_path / "stderr.log").open("w")

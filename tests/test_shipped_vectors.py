@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kb.core.incidents import Incident
+from kb.core.settings import DEFAULT_EMBEDDING_MODEL, LIGHT_EMBEDDING_MODEL
 from kb.engine.knowledge import KnowledgeBase
 from kb.engine.shipped_vectors import ShippedVectors
 from tests.conftest import LABELLED, make_settings
@@ -37,12 +38,26 @@ def bundled(tmp_path_factory, embedder):
     return kb, incidents
 
 
-def test_the_shipped_file_covers_every_bundled_report_for_the_default_model(bundled):
+@pytest.mark.parametrize("model", [DEFAULT_EMBEDDING_MODEL, LIGHT_EMBEDDING_MODEL])
+def test_the_shipped_files_cover_every_bundled_report_for_both_bundled_models(bundled, model):
     kb, incidents = bundled
-    shipped = kb.shipped_vectors
-    assert shipped is not None, f"{kb.settings.bundled_vectors} is missing or not {kb.embedder.model_id}'s"
+    model_id = f"sentence-transformers:{model}"
+    shipped = ShippedVectors.load(kb.settings.bundled_vectors, model_id)
+    assert shipped is not None, f"{kb.settings.bundled_vectors} has no file of {model_id}'s"
     stale = [i.id for i in incidents if shipped.get(i.text()) is None]
     assert stale == [], f"{len(stale)} bundled reports have no shipped vector (e.g. {stale[:5]}): run `make vectors`"
+    assert kb.settings.bundled_vectors.is_dir() and len(list(kb.settings.bundled_vectors.glob("*.npz"))) == 2
+
+
+def test_a_folder_holds_a_file_per_model_and_each_model_reads_its_own(tmp_path):
+    folder = tmp_path / "vectors"
+    for model_id, value in (("sentence-transformers:package:a", 1.0), ("sentence-transformers:/models/b", -1.0)):
+        written = ShippedVectors.write(folder, model_id, ["one text"], np.full((1, 4), value))
+        assert written.parent == folder and written.suffix == ".npz"
+    assert len(list(folder.iterdir())) == 2
+    assert ShippedVectors.load(folder, "sentence-transformers:package:a").get("one text")[0] == 1.0
+    assert ShippedVectors.load(folder, "sentence-transformers:/models/b").get("one text")[0] == -1.0
+    assert ShippedVectors.load(folder, "sentence-transformers:package:c") is None
 
 
 def test_shipped_vectors_are_what_the_model_gives(bundled, embedder):

@@ -23,7 +23,7 @@ from kb.engine.knowledge import KnowledgeBase
 from kb.engine.store import ChromaStore
 from kb.engine.store_lock import StoreLocked
 from kb.engine.suggest import SuggestionEngine
-from tests.conftest import ROOT, make_settings
+from tests.conftest import ROOT, command_env, make_settings
 
 HOLD_STORE = ("import sys\nfrom kb.engine.store import ChromaStore\n"
               "store = ChromaStore(sys.argv[1], path=sys.argv[2])\nprint('open', flush=True)\nsys.stdin.read()\n")
@@ -32,7 +32,7 @@ HOLD_STORE = ("import sys\nfrom kb.engine.store import ChromaStore\n"
 
 def pmkb_env(**variables: str) -> dict:
     """The environment of a pmkb subprocess: no PMKB_* of the developer, CPU embedding."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMKB_")}
+    env = command_env()
     return env | {"PMKB_EMBEDDING_DEVICE": "cpu", **variables}
 
 

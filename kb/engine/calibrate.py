@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from kb.core.files import per_model_file
 from kb.core.incidents import Incident, Provenance
 from kb.core.readings import KINDS, ReadingLabel, ReadingsError, ReadingVocabulary, load_labels, load_vocabulary
 from kb.engine.classify import Calibration, LabelFeatures, fit_weights, predict
@@ -166,15 +167,16 @@ class Calibrator:
         return classifiers
 
     def load(self) -> Calibration | None:
-        """This knowledge base's fitted weights, else the weights shipped with pmkb when they were
-        fitted with this knowledge base's embedding model; None if neither."""
+        """This knowledge base's fitted weights, else the weights shipped with pmkb for this knowledge
+        base's embedding model; None if neither."""
         own = Calibration.load(self.calibration_path)
         if own is not None:
             return own
-        shipped = Calibration.load(self.settings.default_calibration)
-        if shipped is not None and shipped.embedding_model not in (None, self.kb.embedder.model_id):
+        model_id = self.kb.embedder.model_id
+        shipped = Calibration.load(per_model_file(self.settings.default_calibration, model_id, ".json"))
+        if shipped is not None and shipped.embedding_model not in (None, model_id):
             log.info("the shipped classifier weights were fitted with %s, not %s: they are fitted on this "
-                     "knowledge base instead", shipped.embedding_model, self.kb.embedder.model_id)
+                     "knowledge base instead", shipped.embedding_model, model_id)
             return None
         return shipped
 

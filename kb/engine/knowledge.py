@@ -33,6 +33,7 @@ class AddReport:
     added: int = 0
     updated: int = 0
     unchanged: int = 0
+    embedded: int = 0  # of the written, those the model embedded (the rest had shipped vectors)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -149,7 +150,8 @@ class KnowledgeBase:
             report.updated += sum(1 for i in todo if i.id in known)
             report.added += sum(1 for i in todo if i.id not in known)
             if todo:
-                vectors = embed_documents(self.embedder, [i.text() for i in todo], self.shipped_vectors)
+                vectors, embedded = embed_documents(self.embedder, [i.text() for i in todo], self.shipped_vectors)
+                report.embedded += embedded
                 self.store.upsert_incidents(todo, vectors, [self.dimension_of(i.root_cause) for i in todo])
                 self.generation += 1
             if progress:
@@ -195,7 +197,10 @@ class KnowledgeBase:
             log(f"knowledge base at {self.settings.home} is empty: building it from "
                 f"{len(incidents)} bundled incident reports ...")
         self.sync_taxonomy()
-        self.add_incidents(incidents)
+        report = self.add_incidents(incidents)
+        if log:
+            log(f"{report.written - report.embedded} of the {report.written} reports' vectors were shipped for "
+                f"{self.embedder.model_id}; {report.embedded} embedded")
         return True
 
     def stats(self) -> dict:
