@@ -146,9 +146,13 @@ def test_switching_model_is_refused_on_an_existing_store(tmp_path, embedder):
     with pytest.raises(StoreModelMismatch, match=r"pmkb build --kb NEW_DIR") as refused:
         other.store
     assert "reindex" not in str(refused.value)  # no such command
-    fresh = KnowledgeBase(make_settings(tmp_path / "kb2", embedder="hashing"))
-    fresh.add_incidents(_incidents())
-    assert fresh.store.count() == 4 and fresh.embedder.model_id == "hashing:384"
+    # It names the setting that keeps the model the store was built with.
+    assert f"(PMKB_EMBEDDING_MODEL={embedder.model_id.removeprefix('sentence-transformers:')})" in str(refused.value)
+    back = KnowledgeBase(make_settings(tmp_path / "kb2", embedder="hashing"))
+    back.add_incidents(_incidents())
+    with pytest.raises(StoreModelMismatch, match=r"\(PMKB_EMBEDDER=hashing\)"):
+        KnowledgeBase(make_settings(tmp_path / "kb2"), embedder=embedder).store
+    assert back.store.count() == 4 and back.embedder.model_id == "hashing:384"
 
 
 def test_real_model_ranks_the_matching_incident_first(empty_kb):

@@ -40,16 +40,24 @@ STATE_FILE = "pmkb-state.json"
 of the store (``kb.engine.replica``) knows whether it is still current."""
 
 
+SENTENCE_TRANSFORMERS = "sentence-transformers:"
+"""The prefix of a sentence-transformers model's id; the rest is its ``embedding_model`` setting."""
+
+
 class StoreModelMismatch(RuntimeError):
     """The store was built with another embedding model than the one configured."""
 
 
 def mismatch_message(location: str, built_with: str | None, configured: str) -> str:
     """What to do when a store built with one embedding model is opened with another."""
+    keep = "Use the model it was built with"
+    if built_with and built_with.startswith(SENTENCE_TRANSFORMERS):
+        keep += f" (PMKB_EMBEDDING_MODEL={built_with.removeprefix(SENTENCE_TRANSFORMERS)})"
+    elif built_with and built_with.startswith("hashing:"):
+        keep += " (PMKB_EMBEDDER=hashing)"
     return (f"the knowledge base at {location} was built with embedding model {built_with!r}, but "
-            f"{configured!r} is configured. Use the model it was built with, or build a knowledge base for "
-            f"the new model in another directory (`pmkb build --kb NEW_DIR`, then `pmkb ingest --kb NEW_DIR` "
-            f"your incident files).")
+            f"{configured!r} is configured. {keep}, or build a knowledge base for the new model in another "
+            f"directory (`pmkb build --kb NEW_DIR`, then `pmkb ingest --kb NEW_DIR` your incident files).")
 
 
 def store_token(directory: Path) -> str | None:
