@@ -4,6 +4,7 @@ another."""
 
 import hashlib
 import io
+import logging
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -139,7 +140,7 @@ def test_the_default_embedding_model_is_the_bundled_default():
     assert Settings.model_fields["embedding_model"].default == DEFAULT_EMBEDDING_MODEL != LIGHT_EMBEDDING_MODEL
 
 
-def test_each_model_takes_its_own_weights_from_a_folder_of_them(tmp_path):
+def test_each_model_takes_its_own_weights_from_a_folder_of_them(tmp_path, caplog):
     folder = tmp_path / "calibration"
     for name in ("a", "b"):
         model_id = f"sentence-transformers:package:{name}"
@@ -149,7 +150,10 @@ def test_each_model_takes_its_own_weights_from_a_folder_of_them(tmp_path):
         model = SimpleNamespace(settings=settings, embedder=SimpleNamespace(model_id=f"sentence-transformers:package:{name}"))
         assert Calibrator(model).load().fitted_on == name
     settings = make_settings(tmp_path / "c", default_calibration=folder)
-    assert Calibrator(SimpleNamespace(settings=settings, embedder=SimpleNamespace(model_id="sentence-transformers:c"))).load() is None
+    unshipped = Calibrator(SimpleNamespace(settings=settings, embedder=SimpleNamespace(model_id="sentence-transformers:c")))
+    with caplog.at_level(logging.INFO, logger="kb.engine.calibrate"):
+        assert unshipped.load() is None
+    assert "no classifier weights ship for sentence-transformers:c" in caplog.text
 
 
 def test_processes_assembling_at_once_all_get_the_checked_model(tiny):

@@ -173,8 +173,11 @@ class Calibrator:
         if own is not None:
             return own
         model_id = self.kb.embedder.model_id
-        shipped = Calibration.load(per_model_file(self.settings.default_calibration, model_id, ".json"))
-        if shipped is not None and shipped.embedding_model not in (None, model_id):
+        path = per_model_file(self.settings.default_calibration, model_id, ".json")
+        shipped = Calibration.load(path)
+        if shipped is None:
+            log.info("no classifier weights ship for %s (%s): they are fitted on this knowledge base", model_id, path)
+        elif shipped.embedding_model not in (None, model_id):
             log.info("the shipped classifier weights were fitted with %s, not %s: they are fitted on this "
                      "knowledge base instead", shipped.embedding_model, model_id)
             return None

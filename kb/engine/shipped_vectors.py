@@ -54,6 +54,7 @@ class ShippedVectors:
         unreadable (a warning says which and how to rewrite it)."""
         path = per_model_file(path, model_id, ".npz")
         if not path.is_file():
+            log.info("no vectors ship for %s (%s): every report is embedded", model_id, path)
             return None
         try:
             with np.load(path, allow_pickle=False) as data:
