@@ -19,6 +19,9 @@ from kb.core.roles import Embedder
 from kb.core.settings import DEFAULT_MODEL_CACHE, Settings
 from kb.engine.model_packages import SPLIT_MODELS, assemble
 
+SENTENCE_TRANSFORMERS = "sentence-transformers:"
+"""The prefix of a sentence-transformers model's id; the rest is its ``embedding_model`` setting."""
+
 
 def resolve_model_path(spec: str, cache: Path = DEFAULT_MODEL_CACHE) -> Path:
     """Resolve an embedding-model setting to a local directory, never touching the network.
@@ -53,7 +56,7 @@ class SentenceTransformerEmbedder:
     def __init__(self, model: str, device: str = "auto", batch_size: int = 64,
                  query_prefix: str = "", document_prefix: str = "", cache: Path = DEFAULT_MODEL_CACHE,
                  onnx_queries: bool = True, dtype: str = "float32"):
-        self.model_id = f"sentence-transformers:{model}"
+        self.model_id = f"{SENTENCE_TRANSFORMERS}{model}"
         self._spec = model
         self._cache = cache
         self._device = device

@@ -23,6 +23,7 @@ from kb.core.incidents import Incident
 from kb.core.roles import Hit
 from kb.core.settings import Settings
 from kb.engine import store_lock
+from kb.engine.embedding import SENTENCE_TRANSFORMERS
 
 INCIDENTS = "pmkb-incidents"
 TAXONOMY = "pmkb-taxonomy"
@@ -38,10 +39,6 @@ _write_numbers = itertools.count(1)  # next() is atomic: two threads writing nev
 STATE_FILE = "pmkb-state.json"
 """In an embedded store's directory: a token replaced before and after every write, so that a copy
 of the store (``kb.engine.replica``) knows whether it is still current."""
-
-
-SENTENCE_TRANSFORMERS = "sentence-transformers:"
-"""The prefix of a sentence-transformers model's id; the rest is its ``embedding_model`` setting."""
 
 
 class StoreModelMismatch(RuntimeError):
