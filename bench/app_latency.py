@@ -59,18 +59,20 @@ def bench_tickets(n: int) -> list[dict]:
     return [{"title": r["title"][:200], "description": r["description"][:3000]} for r in picked]
 
 
-def expected_cause(ticket: dict, env: dict) -> str:
-    """What the card must show of the root cause ``pmkb suggest`` gives the ticket: its id, or, when
-    the suggestion abstains, its name inside the "not sure" line."""
+def expected_cause(ticket: dict, env: dict) -> tuple[str, bool]:
+    """What the card must show of the root cause ``pmkb suggest`` gives the ticket, and whether as
+    the whole text of an element: its id, or, when the suggestion abstains, its name inside the
+    "not sure" line."""
     done = subprocess.run([sys.executable, "-m", "pmkb", "suggest", "--local", "--json", "--title", ticket["title"],
                            ticket["description"]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise SystemExit(f"pmkb suggest failed:\n{done.stderr[-2000:]}")
     answer = json.loads(done.stdout)
-    return f"The best guess, {answer['root_cause_name']}" if answer["abstained"] else answer["root_cause"]
+    return ((f"The best guess, {answer['root_cause_name']}", False) if answer["abstained"]
+            else (answer["root_cause"], True))
 
 
-def suggest_on(page, ticket: dict, cause: str) -> float:
+def suggest_on(page, ticket: dict, cause: tuple[str, bool]) -> float:
     """Type the ticket, press Suggest, wait for the run to end and check the card's cause; the
     time (s) of the click at the performance counter."""
     page.get_by_label("Title").fill(ticket["title"])
@@ -79,12 +81,12 @@ def suggest_on(page, ticket: dict, cause: str) -> float:
     clicked = time.perf_counter()
     page.get_by_role("button", name="Suggest").click()
     page.wait_for_function("() => window.__pmkbRun.done", timeout=300_000, polling="raf")
-    page.get_by_text(cause, exact=not cause.startswith("The best guess")).first.wait_for(state="visible",
-                                                                                        timeout=10_000)
+    text, exact = cause
+    page.get_by_text(text, exact=exact).first.wait_for(state="visible", timeout=10_000)
     return clicked
 
 
-def run(env: dict, launcher: list[str], tickets: list[dict], causes: list[str], log: Path) -> dict:
+def run(env: dict, launcher: list[str], tickets: list[dict], causes: list[tuple[str, bool]], log: Path) -> dict:
     """The three times (seconds) with one server on ``env``, started by ``launcher``."""
     from playwright.sync_api import sync_playwright
 

@@ -21,6 +21,17 @@ from kb.engine.model_packages import SPLIT_MODELS, assemble
 
 SENTENCE_TRANSFORMERS = "sentence-transformers:"
 """The prefix of a sentence-transformers model's id; the rest is its ``embedding_model`` setting."""
+HASHING = "hashing:"
+"""The prefix of the hashing embedder's id; the rest is its dimension."""
+
+
+def setting_for(model_id: str | None) -> str | None:
+    """The environment setting that gives an embedder with this ``model_id`` (None when unknown)."""
+    if model_id and model_id.startswith(SENTENCE_TRANSFORMERS):
+        return f"PMKB_EMBEDDING_MODEL={model_id.removeprefix(SENTENCE_TRANSFORMERS)}"
+    if model_id and model_id.startswith(HASHING):
+        return "PMKB_EMBEDDER=hashing"
+    return None
 
 
 def resolve_model_path(spec: str, cache: Path = DEFAULT_MODEL_CACHE) -> Path:
@@ -164,7 +175,7 @@ class HashingEmbedder:
     """Bag-of-words feature hashing: no model file, instant; for constrained set-ups."""
 
     def __init__(self, model: str = "hashing-384", dimension: int = 384, **_: object):
-        self.model_id = f"hashing:{dimension}"
+        self.model_id = f"{HASHING}{dimension}"
         self.dimension = dimension
 
     def _vector(self, text: str) -> np.ndarray:

@@ -23,7 +23,7 @@ from kb.core.incidents import Incident
 from kb.core.roles import Hit
 from kb.core.settings import Settings
 from kb.engine import store_lock
-from kb.engine.embedding import SENTENCE_TRANSFORMERS
+from kb.engine.embedding import setting_for
 
 INCIDENTS = "pmkb-incidents"
 TAXONOMY = "pmkb-taxonomy"
@@ -48,10 +48,8 @@ class StoreModelMismatch(RuntimeError):
 def mismatch_message(location: str, built_with: str | None, configured: str) -> str:
     """What to do when a store built with one embedding model is opened with another."""
     keep = "Use the model it was built with"
-    if built_with and built_with.startswith(SENTENCE_TRANSFORMERS):
-        keep += f" (PMKB_EMBEDDING_MODEL={built_with.removeprefix(SENTENCE_TRANSFORMERS)})"
-    elif built_with and built_with.startswith("hashing:"):
-        keep += " (PMKB_EMBEDDER=hashing)"
+    if (setting := setting_for(built_with)) is not None:
+        keep += f" ({setting})"
     return (f"the knowledge base at {location} was built with embedding model {built_with!r}, but "
             f"{configured!r} is configured. {keep}, or build a knowledge base for the new model in another "
             f"directory (`pmkb build --kb NEW_DIR`, then `pmkb ingest --kb NEW_DIR` your incident files).")
